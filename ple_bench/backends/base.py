@@ -1,0 +1,291 @@
+"""The interface every PLE embedding backend implements, and the behaviour the
+two reference backends share: vocab-parallel shard geometry, the DP id gather,
+the byte-exact ETP reduce and the DP slot selection.
+
+Call sequence of one decode step::
+
+    backend.start_prefetch(ids, dp_token_counts)   # at layer entry (may launch work)
+    ... model compute ...
+    rows = backend.finalize()                      # [tokens, heads * dim], storage dtype
+    acts = backend.dequantize(rows, torch.bfloat16)
+
+or, synchronously, ``rows = backend.lookup(ids, dp_token_counts)``.
+
+``ids`` is ``[tokens, heads]`` int64 of *global* row ids (each head's ids already
+offset into its own range).  ``dp_token_counts`` is the token count of every DP
+rank (a list of DP ints); it is needed only when ETP spans DP (``ETP / TP > 1``),
+and stands in for vLLM's forward context.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from ..annotate import annotate
+from ..parallel import Groups
+from .formats import StorageFormat, int_view
+from .kernels import get_kernel
+from .synthetic import fill_synthetic
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """This rank's rows ``[vocab_start, vocab_end)`` of the padded vocabulary."""
+
+    num_embeddings: int
+    padded_vocab: int
+    rows_per_rank: int
+    vocab_start: int
+    vocab_end: int
+
+    @property
+    def num_valid(self) -> int:
+        return self.vocab_end - self.vocab_start
+
+    @staticmethod
+    def compute(num_embeddings: int, padding_size: int, etp: int, etp_rank: int) -> "ShardSpec":
+        padded = math.ceil(num_embeddings / padding_size) * padding_size
+        per_rank = math.ceil(padded / etp)
+        start = etp_rank * per_rank
+        end = max(start, min(start + per_rank, num_embeddings))
+        return ShardSpec(num_embeddings, padded, per_rank, start, end)
+
+
+def _positive_int(name: str, value: int, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
+    return value
+
+
+class PLEEmbedding(ABC):
+    """ETP-sharded PLE table.  Subclasses choose where the table lives."""
+
+    name: ClassVar[str] = "abstract"
+    supports_prefetch: ClassVar[bool] = False
+    default_kernel: ClassVar[str] = "torch_masked"
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        dtype: str | torch.dtype = "bf16",
+        num_heads: int = 1,
+        max_tokens: int = 0,
+        padding_size: int = 64,
+        groups: Groups | None = None,
+        device: torch.device | str | None = None,
+        kernel: str | None = None,
+    ) -> None:
+        self.num_embeddings = _positive_int("num_embeddings", num_embeddings)
+        self.embedding_dim = _positive_int("embedding_dim", embedding_dim)
+        self.num_heads = _positive_int("num_heads", num_heads)
+        self.max_tokens = _positive_int("max_tokens", max_tokens, allow_zero=True)
+        _positive_int("padding_size", padding_size)
+        self.groups = groups if groups is not None else Groups.single()
+        self.topology = self.groups.topology
+        self.coords = self.groups.coords
+        self.format = StorageFormat.for_dtype(dtype)
+        self.storage_dtype = self.format.storage_dtype
+        self.device = self._resolve_device(device)
+        self.kernel_name = kernel or self.default_kernel
+        self.kernel = get_kernel(self.kernel_name)
+        self.shard = ShardSpec.compute(
+            num_embeddings, padding_size, self.topology.etp, self.coords.etp_rank
+        )
+        self.weight = self.allocate_table(self.shard.rows_per_rank, embedding_dim, self.storage_dtype)
+        self.scale = self.format.new_scale(self.device)
+        self._pending: tuple | None = None
+
+    # ----------------------------------------------------------- storage
+    def _resolve_device(self, device: torch.device | str | None) -> torch.device:
+        if device is None:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    @abstractmethod
+    def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        """Allocate this rank's shard (``rows x dim`` of ``dtype``)."""
+
+    def table_for_kernel(self) -> torch.Tensor:
+        """The tensor the lookup kernel reads (device memory or a UVA view)."""
+        return self.weight
+
+    @property
+    def functional(self) -> bool:
+        """True when running on a machine without a GPU (host timer, no streams)."""
+        return self.device.type != "cuda"
+
+    @property
+    def row_bytes(self) -> int:
+        return self.embedding_dim * self.weight.element_size()
+
+    @property
+    def table_bytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    def load_full_table(self, full: torch.Tensor, scale: float | None = None) -> None:
+        """Copy this rank's rows out of a full ``[num_embeddings, dim]`` table."""
+        if tuple(full.shape) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(
+                f"full table must be {(self.num_embeddings, self.embedding_dim)}, got {tuple(full.shape)}"
+            )
+        s = self.shard
+        self.weight[: s.num_valid].copy_(full[s.vocab_start : s.vocab_end].to(self.storage_dtype))
+        if s.num_valid < s.rows_per_rank:
+            int_view(self.weight[s.num_valid :]).fill_(-1)  # padding is never read
+        if scale is not None:
+            self.set_scale(scale)
+
+    def fill_synthetic(self, seed: int, scale: float | None = None) -> None:
+        """Fill the shard with :mod:`synthetic` rows (computed on the GPU when there is one)."""
+        work = self.device if self.device.type == "cuda" else None
+        fill_synthetic(self.weight, self.shard.vocab_start, seed, valid_rows=self.shard.num_valid,
+                       work_device=work)
+        if scale is not None:
+            self.set_scale(scale)
+
+    def set_scale(self, value: float) -> None:
+        if self.scale is None:
+            raise ValueError(f"a {self.format.name} table has no scale")
+        self.scale.fill_(float(value))
+
+    def check_loaded(self) -> None:
+        self.format.check_loaded(self.scale)
+
+    def dequantize(self, rows: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        return self.format.dequantize(rows, self.scale, out_dtype)
+
+    def close(self) -> None:
+        """Drop the table and buffers so their memory can be reused."""
+        self.weight = None  # type: ignore[assignment]
+        self._pending = None
+
+    # ----------------------------------------------------------- DP gather
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        if ids.dim() != 2 or ids.shape[1] != self.num_heads:
+            raise ValueError(
+                f"ids must be [tokens, {self.num_heads}] (one column per head), got {tuple(ids.shape)}"
+            )
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"ids must be int64 or int32, got {ids.dtype}")
+
+    def _slot(self, local_tokens: int, dp_token_counts: Sequence[int] | None) -> int:
+        """Slot size of this rank's ETP group (its largest local token count)."""
+        topo = self.topology
+        if topo.replicas == 1:
+            return local_tokens
+        if dp_token_counts is None:
+            raise ValueError(
+                f"ETP={topo.etp} spans {topo.replicas} DP ranks: pass dp_token_counts "
+                f"(the token count of each of the {topo.dp} DP ranks)"
+            )
+        counts = [int(c) for c in dp_token_counts]
+        if len(counts) != topo.dp:
+            raise ValueError(f"dp_token_counts has {len(counts)} entries, expected DP={topo.dp}")
+        if counts[self.coords.dp_rank] != local_tokens:
+            raise ValueError(
+                f"dp_token_counts[{self.coords.dp_rank}]={counts[self.coords.dp_rank]} but this "
+                f"rank has {local_tokens} tokens"
+            )
+        group = topo.group_dp_ranks(self.coords.etp_group_index)
+        return max(counts[d] for d in group)
+
+    def _gather_ids(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
+        if self.topology.replicas == 1:
+            return ids
+        import torch.distributed as dist
+
+        if ids.shape[0] < slot:
+            pad = ids.new_zeros(slot - ids.shape[0], ids.shape[1])
+            ids = torch.cat((ids, pad), dim=0)
+        parts = [torch.empty_like(ids) for _ in range(self.topology.replicas)]
+        with annotate("gather_ids", color="purple"):
+            dist.all_gather(parts, ids.contiguous(), group=self.groups.gather_group)
+        return torch.cat(parts, dim=0)
+
+    def _select(self, rows: torch.Tensor, slot: int, local_tokens: int) -> torch.Tensor:
+        if self.topology.replicas == 1:
+            return rows
+        return rows.narrow(0, self.coords.slot * slot, local_tokens)
+
+    # ----------------------------------------------------------- lookup
+    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows this rank owns for ``ids`` ([n, heads] -> [n, heads, dim]); zeros elsewhere."""
+        shape = (ids.shape[0], self.num_heads, self.embedding_dim)
+        if out is None:
+            out = torch.empty(shape, dtype=self.storage_dtype, device=ids.device)
+        elif tuple(out.shape) != shape or out.dtype != self.storage_dtype:
+            raise ValueError(f"lookup output must be {shape} of {self.storage_dtype}")
+        flat = ids.reshape(-1)
+        if flat.dtype != torch.int64:
+            flat = flat.long()
+        with annotate("lookup", color="green"):
+            self.kernel(
+                int_view(self.table_for_kernel()),
+                flat,
+                int_view(out).view(-1, self.embedding_dim),
+                self.shard.vocab_start,
+                self.shard.vocab_end,
+            )
+        return out
+
+    def _reduce(self, rows: torch.Tensor) -> torch.Tensor:
+        """Sum over the ETP group as raw integers: byte-exact (one owner per row)."""
+        if self.groups.etp_group is None:
+            return rows
+        import torch.distributed as dist
+
+        with annotate("reduce_rows", color="purple"):
+            dist.all_reduce(int_view(rows), group=self.groups.etp_group)
+        return rows
+
+    def lookup(
+        self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Synchronous lookup: gather, look up, reduce, select -> ``[tokens, heads*dim]``."""
+        self._check_ids(ids)
+        local = ids.shape[0]
+        slot = self._slot(local, dp_token_counts)
+        rows = self._local_lookup(self._gather_ids(ids, slot))
+        rows = self._select(self._reduce(rows), slot, local)
+        return rows.reshape(local, self.num_heads * self.embedding_dim)
+
+    # ----------------------------------------------------------- prefetch
+    def start_prefetch(
+        self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
+    ) -> None:
+        """Start the lookup of ``ids``.  Resident tables do nothing here: the
+        lookup happens in :meth:`finalize`."""
+        self._check_ids(ids)
+        self._pending = (ids, dp_token_counts)
+
+    def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Finish the lookup begun by :meth:`start_prefetch` -> ``[tokens, heads*dim]``."""
+        if self._pending is None:
+            raise RuntimeError(f"{self.name}: finalize requires a prior start_prefetch")
+        ids, counts = self._pending
+        self._pending = None
+        rows = self.lookup(ids, counts)
+        if out is None:
+            return rows
+        _check_out(out, rows)
+        out.copy_(rows)
+        return out
+
+
+def _check_out(out: torch.Tensor, rows: torch.Tensor) -> None:
+    if out.shape != rows.shape or out.dtype != rows.dtype or out.device != rows.device:
+        raise ValueError(
+            f"output must be {tuple(rows.shape)} {rows.dtype} on {rows.device}, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )

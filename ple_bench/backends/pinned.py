@@ -1,0 +1,123 @@
+"""Backend 2: the shard in pinned host memory, read by the GPU through a UVA
+view, with an asynchronous prefetch on a side stream.
+
+On a machine without a GPU the same code runs in *functional mode*: the table is
+ordinary host memory (pinning needs CUDA), the Triton kernel runs under the
+interpreter, and the prefetch is synchronous.  ``functional`` says which."""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import torch
+
+from ..annotate import annotate
+from .base import PLEEmbedding, _check_out
+from .registry import register_backend
+from .uva import cuda_view_of_pinned, uva_available
+
+
+@register_backend("pinned_uva")
+class PinnedUVAEmbedding(PLEEmbedding):
+    supports_prefetch = True
+    default_kernel = "triton_reference"
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, **kwargs) -> None:
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            ok, why = uva_available(device)
+            if not ok:
+                raise RuntimeError(f"Engram CPU offload requires UVA support: {why}")
+        super().__init__(num_embeddings, embedding_dim, **kwargs)
+        self._uva = cuda_view_of_pinned(self.weight, self.device) if not self.functional else self.weight
+        self._stream: torch.cuda.Stream | None = None
+        self._buffer: torch.Tensor | None = None
+        self._alloc_lock = threading.Lock()
+        self._inflight_ids: torch.Tensor | None = None
+        self.prefetch_rows = self.max_tokens * self.topology.replicas
+
+    def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        pin = self.device.type == "cuda"
+        return torch.empty(rows, dim, dtype=dtype, device="cpu", pin_memory=pin)
+
+    def table_for_kernel(self) -> torch.Tensor:
+        return self._uva
+
+    @property
+    def prefetch_stream(self) -> torch.cuda.Stream | None:
+        return self._stream
+
+    def close(self) -> None:
+        self._uva = None  # type: ignore[assignment]
+        self._buffer = None
+        self._inflight_ids = None
+        super().close()
+
+    # ----------------------------------------------------------- prefetch
+    def prepare_prefetch(self) -> torch.Tensor:
+        """Allocate the persistent prefetch buffer and side stream (eagerly:
+        refused during CUDA-graph capture)."""
+        buffer = self._buffer
+        if buffer is not None:
+            return buffer
+        with self._alloc_lock:
+            if self._buffer is not None:
+                return self._buffer
+            if self.prefetch_rows <= 0:
+                raise ValueError("prefetch needs max_tokens > 0 (the buffer's size per DP rank)")
+            if not self.functional:
+                if torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(
+                        "pinned PLE prefetch buffer must be allocated eagerly, before cudagraph capture"
+                    )
+                self._stream = torch.cuda.Stream(device=self.device)
+            self._buffer = torch.empty(
+                self.prefetch_rows, self.num_heads, self.embedding_dim,
+                dtype=self.storage_dtype, device=self.device,
+            )
+            return self._buffer
+
+    def start_prefetch(
+        self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
+    ) -> None:
+        """Gather ids over DP and launch their lookup on the side stream."""
+        self._check_ids(ids)
+        with annotate("prefetch_start", color="yellow"):
+            buffer = self.prepare_prefetch()
+            local = ids.shape[0]
+            slot = self._slot(local, dp_token_counts)
+            gathered = self._gather_ids(ids, slot)
+            if gathered.shape[0] > buffer.shape[0]:
+                raise ValueError(
+                    f"pinned PLE prefetch buffer holds {buffer.shape[0]} rows, "
+                    f"but the batch needs {gathered.shape[0]}"
+                )
+            active = buffer[: gathered.shape[0]]
+            if self._stream is not None:
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
+                gathered.record_stream(self._stream)
+                self._inflight_ids = gathered  # alive until finalize joins the stream
+                with torch.cuda.stream(self._stream):
+                    self._local_lookup(gathered, out=active)
+            else:
+                self._local_lookup(gathered, out=active)
+            self._pending = (gathered.shape[0], slot, local)
+
+    def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Join the side stream, reduce over ETP, select this DP rank's rows."""
+        if self._pending is None or self._buffer is None:
+            raise RuntimeError("pinned PLE finalize requires a prior start_prefetch")
+        with annotate("prefetch_finalize", color="yellow"):
+            n, slot, local = self._pending
+            self._pending = None
+            if self._stream is not None:
+                torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            self._inflight_ids = None
+            rows = self._select(self._reduce(self._buffer[:n]), slot, local)
+            rows = rows.reshape(local, self.num_heads * self.embedding_dim)
+            if out is None:
+                return rows.clone()
+            _check_out(out, rows)
+            out.copy_(rows)
+            return out
