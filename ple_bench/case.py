@@ -1,0 +1,110 @@
+"""A case: plain data, the value of every axis.  Everything the runner needs is
+derived from it, and the same axes give the same ``case_id`` on every run.
+
+``case_id`` lists the axes that differ from their defaults (so adding a new axis
+with a default later keeps old ids stable), followed by a short hash of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("lookup", "step")
+GRAPH_MODES = ("eager", "breakable", "full")
+
+
+@dataclass(frozen=True)
+class Case:
+    # What is measured: one lookup ("lookup") or a synthetic decode step ("step").
+    kind: str = "lookup"
+    impl: str = "device"  # backend name or "package.module:Class"
+    kernel: str = ""  # lookup kernel; "" = the backend's default
+    vocab_size: int = 1 << 20
+    dim: int = 128
+    dtype: str = "bf16"  # fp32 | fp16 | bf16 | fp8
+    num_heads: int = 1
+    num_tokens: int = 256  # per DP rank
+    tp: int = 1
+    etp: int = 1
+    dp: int = 1
+    prefetch: bool = False
+    graph: str = "eager"  # eager | breakable | full
+    ids: str = "uniform"  # uniform | zipf:<a> | ngram[:<orders>]
+    seed: int = 0
+    # decode-step axes (kind == "step")
+    compute_us: float = 0.0  # main-stream compute between start_prefetch and finalize
+    hidden: int = 4096
+    stream_priority: int = 0  # priority of the prefetch side stream (lower = higher priority)
+    grid_frac: float = 1.0  # share of the lookup's grid / SMs the lookup may take
+    # lookup-path axes
+    cache_rows: int = 0  # hot-row cache in GPU memory (0 = none)
+    extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def row_bytes(self) -> int:
+        from .backends.formats import DTYPES
+
+        import torch
+
+        return self.dim * torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+
+    @property
+    def table_bytes(self) -> int:
+        return self.vocab_size * self.row_bytes
+
+    def axes(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["extra"] = dict(self.extra)
+        return d
+
+    def changed_axes(self) -> dict[str, Any]:
+        defaults = Case()
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != getattr(defaults, f.name):
+                out[f.name] = dict(value) if f.name == "extra" else value
+        return out
+
+    @property
+    def case_id(self) -> str:
+        changed = self.changed_axes()
+        blob = json.dumps(changed, sort_keys=True, default=str)
+        digest = hashlib.sha1(blob.encode()).hexdigest()[:8]
+        parts = [self.kind, _short(self.impl)]
+        if self.kernel:
+            parts.append(self.kernel)
+        parts += [
+            f"v{self.vocab_size}", f"d{self.dim}", self.dtype, f"h{self.num_heads}",
+            f"t{self.num_tokens}",
+        ]
+        if self.world_size > 1 or self.etp > 1:
+            parts.append(f"tp{self.tp}etp{self.etp}dp{self.dp}")
+        if self.prefetch:
+            parts.append("pf")
+        if self.graph != "eager":
+            parts.append(self.graph)
+        if self.ids != "uniform":
+            parts.append(self.ids.replace(":", ""))
+        return ".".join(parts) + "-" + digest
+
+    @classmethod
+    def from_axes(cls, axes: dict[str, Any]) -> "Case":
+        axes = dict(axes)
+        extra = axes.pop("extra", None) or {}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(axes) - known
+        if unknown:
+            raise ValueError(f"unknown axes {sorted(unknown)}")
+        return cls(**axes, extra=tuple(sorted(dict(extra).items())))
+
+
+def _short(impl: str) -> str:
+    return impl.rsplit(":", 1)[-1] if ":" in impl else impl

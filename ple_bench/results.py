@@ -1,0 +1,144 @@
+"""Run storage: ``results/<run_id>/meta.json`` and ``records.jsonl``.
+
+This format is a public interface (nightly CI and dashboards parse it):
+
+``meta.json``: ``run_id``, ``suite``, ``device`` (name, driver, cuda, memory_bytes,
+...), ``torch``, ``triton``, ``python``, ``git_commit``, ``host``, ``ceilings``
+(name -> GB/s), ``mode`` (``gpu`` | ``functional``), ``timer``, ``started_at``,
+``ended_at``, ``argv``, ``status`` (``running`` | ``complete`` | ``interrupted``).
+
+``records.jsonl``: one JSON object per case, appended and flushed as each case
+finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
+invalid), ``reason``, every axis of :class:`~ple_bench.case.Case` under its own
+name, and (``None`` where not measured) the keys in :data:`RECORD_KEYS`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Iterable
+
+STATUSES = ("ok", "skipped", "failed", "invalid")
+
+# Keys every record carries (None when not measured for that case).
+RECORD_KEYS = (
+    "case_id", "status", "reason", "timer", "mode",
+    "median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",
+    "n_samples", "samples_ms",
+    "hot_median_ms", "hot_samples_ms",  # warm-L2 measurement
+    "graph_median_ms", "graph_samples_ms",  # CUDA-graph replay of the lookup alone
+    "sm_clock_mhz", "throttled_samples",
+    "bytes_moved", "rows", "gbps", "rows_per_s", "ceiling", "ceiling_gbps", "pct_of_ceiling",
+)
+
+
+def new_run_id(suite: str) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{suite}-{secrets.token_hex(2)}"
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _atomic_write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=_json_default))
+    os.replace(tmp, path)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+class RunWriter:
+    """Writes one run directory; every record is on disk as soon as it is appended."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.meta_path = self.run_dir / "meta.json"
+        self.records_path = self.run_dir / "records.jsonl"
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.name
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        _atomic_write_json(self.meta_path, meta)
+
+    def update_meta(self, **fields: Any) -> dict[str, Any]:
+        meta = load_meta(self.run_dir) if self.meta_path.exists() else {}
+        meta.update(fields)
+        self.write_meta(meta)
+        return meta
+
+    def append(self, record: dict[str, Any]) -> None:
+        if record.get("status") not in STATUSES:
+            raise ValueError(f"record status must be one of {STATUSES}, got {record.get('status')!r}")
+        full = {key: None for key in RECORD_KEYS}
+        full.update(record)
+        line = json.dumps(full, sort_keys=True, default=_json_default)
+        with open(self.records_path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def done_case_ids(self) -> set[str]:
+        return {r["case_id"] for r in load_records(self.run_dir)}
+
+
+def load_meta(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / "meta.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} is not a ple_bench run (no meta.json)")
+    return json.loads(path.read_text())
+
+
+def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Records of a run; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(run_dir) / "records.jsonl"
+    if not path.exists():
+        if not (Path(run_dir) / "meta.json").exists():
+            raise FileNotFoundError(f"{run_dir} is not a ple_bench run (no meta.json)")
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    # A resumed run may re-record a case; the last record wins.
+    latest: dict[str, dict[str, Any]] = {}
+    for rec in out:
+        latest[rec["case_id"]] = rec
+    return list(latest.values())
+
+
+def load(run_dir: str | Path):
+    """The records of a run as a pandas DataFrame (one row per case)."""
+    import pandas as pd
+
+    records = load_records(run_dir)
+    df = pd.DataFrame.from_records(records)
+    if df.empty:
+        df = pd.DataFrame(columns=list(RECORD_KEYS))
+    return df
+
+
+def iter_run_dirs(results_dir: str | Path) -> Iterable[Path]:
+    root = Path(results_dir)
+    if not root.exists():
+        return []
+    return sorted(p for p in root.iterdir() if (p / "meta.json").exists())
