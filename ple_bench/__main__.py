@@ -1,0 +1,8 @@
+"""``python -m ple_bench`` -> :func:`ple_bench.cli.main`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

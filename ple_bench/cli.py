@@ -1,0 +1,292 @@
+"""Command line: ``python -m ple_bench {run,list,report,compare,profile,env}``.
+
+Exit codes: 0 success; 1 a case failed or was invalid (run) / a regression
+(compare); 2 bad usage or a bad suite; 130 interrupted (results kept)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+EXIT_BAD_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _has_gpu() -> bool:
+    if os.environ.get("PLE_BENCH_FORCE_CPU"):
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ------------------------------------------------------------------ run
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="default", help="suite name (suites/<name>.toml) or path (default: default)")
+    p.add_argument("--case", action="append", default=[], metavar="ID",
+                   help="run only cases whose case_id matches this glob or prefix (repeatable)")
+    p.add_argument("--results-dir", default="results", type=Path, help="where run folders go (default: results/)")
+    p.add_argument("--reports-dir", default="reports", type=Path, help="where HTML reports go (default: reports/)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the cases missing from RUN_DIR")
+    p.add_argument("--case-timeout", type=float, default=900.0, help="seconds before a case is declared hung")
+    p.add_argument("--no-report", action="store_true", help="do not build the HTML report at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-nvtx", action="store_true", help="do not emit NVTX ranges")
+    p.add_argument("--profile-window", action="store_true",
+                   help="wrap only the measurement phases in cudaProfilerStart/Stop (for ncu/nsys capture ranges)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .measure import TimingPolicy
+    from .runner import RunOptions, run_suite, select_cases
+    from .suite import SuiteError, load_suite
+
+    gpu = _has_gpu()
+    note = ""
+    try:
+        if args.resume:
+            from .results import load_meta
+
+            meta = load_meta(args.resume)
+            suite = load_suite(meta.get("suite_path") or meta["suite"])
+        else:
+            suite = load_suite(args.suite)
+        if not gpu and getattr(suite, "functional_fallback", None):
+            fallback = suite.functional_fallback
+            note = (f"No CUDA GPU on this machine: suite '{suite.name}' is replaced by the '{fallback}' cases "
+                    "in functional mode (CPU, host timer). These numbers check the code paths; they are not "
+                    "GPU performance.")
+            suite = load_suite(fallback)
+        elif not gpu:
+            note = ("No CUDA GPU on this machine: functional mode (CPU, host timer, Triton interpreter). "
+                    "These numbers check the code paths; they are not GPU performance.")
+    except SuiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    cases = select_cases(suite.cases, args.case)
+    if not cases:
+        print(f"error: no case of suite '{suite.name}' matches {args.case}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    try:
+        policy = TimingPolicy.from_dict(suite.timing or {})
+    except ValueError as exc:
+        print(f"error: {suite.path}: [suite.timing]: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    mode = "gpu" if gpu else "functional"
+    if not gpu:
+        policy = policy.scaled_for_cpu()
+    if note:
+        print(note, file=sys.stderr)
+    rank = int(os.environ.get("RANK", "0"))
+    results_dir, reports_dir = args.results_dir, args.reports_dir
+    quiet = False
+    if "TORCHELASTIC_RUN_ID" in os.environ and rank != 0:
+        # Only rank 0 writes records and the report.
+        scratch = Path(tempfile.mkdtemp(prefix=f"ple_bench-rank{rank}-"))
+        results_dir, reports_dir, quiet = scratch / "results", scratch / "reports", True
+    options = RunOptions(
+        results_dir=results_dir, reports_dir=reports_dir, resume=args.resume,
+        case_filter=args.case, case_timeout_s=args.case_timeout,
+        progress=not args.no_progress and not quiet and sys.stderr.isatty() or (not args.no_progress and not quiet),
+        report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
+        functional_note=note, argv=sys.argv,
+    )
+    summary = run_suite(suite, cases, policy, options, mode)
+    if quiet:
+        return summary.exit_code
+    c = summary.counts
+    print(f"\n{summary.run_dir.name}: {c['ok']} ok, {c['skipped']} skipped, {c['failed']} failed, "
+          f"{c['invalid']} invalid  ({mode} mode)")
+    print(f"records: {summary.run_dir / 'records.jsonl'}")
+    if summary.report:
+        print(f"report:  {summary.report}")
+    return summary.exit_code
+
+
+# ------------------------------------------------------------------ list
+def cmd_list(args: argparse.Namespace) -> int:
+    from .suite import SuiteError, case_json, format_cases, list_suites, load_suite
+
+    try:
+        suites = [load_suite(args.suite)] if args.suite else list_suites()
+    except SuiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    for suite in suites:
+        if args.json:
+            for case in suite.cases:
+                obj = case_json(case)
+                if not args.suite:
+                    obj = {"suite": suite.name, **obj}
+                print(json.dumps(obj, sort_keys=False))
+        elif args.suite:
+            print(f"# {suite.name}: {suite.description} ({len(suite.cases)} cases)")
+            print(format_cases(suite.cases))
+        else:
+            print(f"{suite.name:<10} {len(suite.cases):>5} cases  {suite.description}")
+    return 0
+
+
+# ------------------------------------------------------------------ env
+def cmd_env(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import annotate
+
+    lines: list[tuple[str, str]] = []
+    gpu = torch.cuda.is_available()
+    lines.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"))
+    try:
+        import triton
+
+        lines.append(("triton", triton.__version__ + ("" if gpu else " (CPU: kernels run under the interpreter)")))
+    except Exception as exc:  # noqa: BLE001
+        lines.append(("triton", f"missing: {exc}"))
+    if gpu:
+        n = torch.cuda.device_count()
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(n))
+        lines.append(("GPU", f"{n}: {names}"))
+    else:
+        lines.append(("GPU", "none: runs are functional (CPU, host timer); GPU-only cases are skipped"))
+    from .backends.uva import uva_available
+
+    ok, why = uva_available()
+    lines.append(("UVA (pinned_uva backend)", "yes" if ok else f"no: {why}; pinned_uva runs in functional mode"))
+    lines.append(("multi-rank", "NCCL (one GPU per rank)" if gpu else "gloo on CPU processes"))
+    lines.append(("NVTX", "nvtx package present (domain ple_bench)" if annotate.available()
+                  else "nvtx package missing: ranges are no-ops"))
+    for tool in ("ncu", "nsys"):
+        path = shutil.which(tool)
+        lines.append((tool, path or "not on PATH"))
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        lines.append(("NVML clocks", f"driver {pynvml.nvmlSystemGetDriverVersion()}"))
+    except Exception as exc:  # noqa: BLE001
+        lines.append(("NVML clocks", f"unavailable: {type(exc).__name__}"))
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    lines.append(("chromium (report checks)", chromium or "not installed"))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+# ------------------------------------------------------------------ profile
+NSYS_DOC = "https://docs.nvidia.com/nsight-systems/UserGuide/"
+
+
+def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str = sys.executable) -> list[str]:
+    """The profiler command line for one case, limited to the measurement window."""
+    inner = [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id, "--profile-window",
+             "--no-report", "--no-progress", "--results-dir", str(out / "results")]
+    if tool == "ncu":
+        return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "ple_bench@measurement/",
+                "--profile-from-start", "off", "--target-processes", "all",
+                "--export", str(out / "profile"), "--force-overwrite", *inner]
+    if tool == "nsys":
+        return ["nsys", "profile", "--trace", "cuda,nvtx,osrt", "--capture-range", "cudaProfilerApi",
+                "--capture-range-end", "stop", "--output", str(out / "profile"), "--force-overwrite", "true",
+                *inner]
+    raise UsageError(f"unknown profiler {tool!r}: use ncu or nsys")
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .suite import SuiteError, load_suite
+    from .runner import select_cases
+
+    try:
+        suite = load_suite(args.suite)
+    except SuiteError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    matches = select_cases(suite.cases, [args.case])
+    if len(matches) != 1:
+        ids = ", ".join(c.case_id for c in matches[:5]) or "none"
+        print(f"error: --case must match exactly one case of '{suite.name}', matched {len(matches)}: {ids}",
+              file=sys.stderr)
+        return EXIT_BAD_USAGE
+    case = matches[0]
+    out = Path(args.out) if args.out else Path(args.results_dir) / "profiles" / case.case_id
+    try:
+        cmd = profile_command(args.tool, suite.name, case.case_id, out)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    print("command: " + shlex.join(cmd))
+    if args.dry_run:
+        return 0
+    if shutil.which(cmd[0]) is None:
+        print(f"error: {cmd[0]} is not on PATH (try --dry-run to see the command)", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    out.mkdir(parents=True, exist_ok=True)
+    import subprocess
+
+    rc = subprocess.call(cmd)
+    ext = ".ncu-rep" if args.tool == "ncu" else ".nsys-rep"
+    print(f"profile: {out / ('profile' + ext)} (exit {rc})")
+    return rc
+
+
+# ------------------------------------------------------------------ main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ple_bench",
+                                     description="Benchmark PLE / n-gram embedding storage backends.")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    p = sub.add_parser("run", help="run a suite, write results/<run_id>/ and an HTML report")
+    _add_run_args(p)
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("list", help="list suites, or one suite's cases")
+    p.add_argument("--suite", help="show this suite's cases")
+    p.add_argument("--json", action="store_true", help="one JSON object per case (case_id and axes)")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("report", help="(re)build the HTML report of a run")
+    from .report import add_report_args, run_report
+
+    add_report_args(p)
+    p.set_defaults(func=run_report)
+    p = sub.add_parser("compare", help="compare two runs; exit 1 on a significant regression")
+    from .report.compare import add_compare_args, run_compare
+
+    add_compare_args(p)
+    p.set_defaults(func=run_compare)
+    p = sub.add_parser("profile", help="run one case under ncu or nsys with NVTX ranges")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--case", required=True, help="case_id (or unique prefix/glob)")
+    p.add_argument("--tool", choices=["ncu", "nsys"], default="ncu")
+    p.add_argument("--out", help="output folder (default results/profiles/<case_id>)")
+    p.add_argument("--results-dir", default="results")
+    p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    p.set_defaults(func=cmd_profile)
+    p = sub.add_parser("env", help="what this machine can run, and why not")
+    p.set_defaults(func=cmd_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad usage already
+        return int(exc.code or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE

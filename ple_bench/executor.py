@@ -1,0 +1,343 @@
+"""Runs one case on one rank: build (or reuse) the table, make the ids, check the
+output against the reference, then measure.  Knows the backends only through
+the registry and :class:`~ple_bench.backends.base.PLEEmbedding`.
+
+A case that cannot run here raises :class:`SkipCase`; a wrong output raises
+:class:`InvalidCase` (it is never timed); anything else is a failure."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .annotate import annotate
+from .backends import get_backend, synthetic_rows
+from .case import Case
+from .parallel import Groups, Topology
+
+FP8_SCALE = 0.5
+TABLE_SEED_BASE = 1234
+_DP_SEED_STRIDE = 1_000_003
+
+
+class SkipCase(Exception):
+    """The case cannot run on this machine; the message is the reason."""
+
+
+class InvalidCase(Exception):
+    """The case computed a wrong result; it is recorded and never timed."""
+
+
+def host_memory_bytes() -> int:
+    """Memory this process may use: an explicit override, the cgroup limit, or MemTotal."""
+    override = os.environ.get("PLE_BENCH_HOST_MEM_BYTES")
+    if override:
+        return int(override)
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+            if text.isdigit():
+                limits.append(int(text))
+        except OSError:
+            pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return min(limits) if limits else 1 << 40
+
+
+def pinned_alloc_bytes(nbytes: int) -> int:
+    """PyTorch's caching host allocator rounds pinned blocks up to a power of two."""
+    return 1 << max(0, (nbytes - 1).bit_length())
+
+
+@dataclass
+class _Table:
+    key: tuple
+    backend: Any
+    seed: int
+
+
+@dataclass
+class CaseExecutor:
+    """Per-process state: the device, this rank's groups and the table it holds."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    groups_by_topology: dict = field(default_factory=dict)
+    table: _Table | None = None
+    resident_step_ms: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------ helpers
+    def groups_for(self, topo: Topology) -> Groups:
+        if topo.world_size == 1:
+            return Groups.single()
+        if topo not in self.groups_by_topology:
+            self.groups_by_topology[topo] = Groups.build(topo)
+        return self.groups_by_topology[topo]
+
+    def release_table(self) -> None:
+        if self.table is not None:
+            self.table.backend.close()
+            self.table = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _check_memory(self, case: Case, cls: type, shard_bytes: int) -> None:
+        needs_host = getattr(cls, "supports_prefetch", False) or "pinned" in cls.__name__.lower()
+        if self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            dev_need = 0 if needs_host else shard_bytes
+            dev_need += 64 << 20
+            if dev_need > free * 0.92:
+                raise SkipCase(
+                    f"table shard needs {dev_need / 2**30:.1f} GiB of device memory, "
+                    f"{free / 2**30:.1f} GiB free"
+                )
+            if needs_host:
+                host_need = pinned_alloc_bytes(shard_bytes) * self.world_size
+                host = host_memory_bytes()
+                if host_need > host * 0.85:
+                    raise SkipCase(
+                        f"pinned table needs {host_need / 2**30:.1f} GiB of host memory "
+                        f"(power-of-two blocks, all ranks), host has {host / 2**30:.1f} GiB"
+                    )
+        else:
+            host_need = shard_bytes * self.world_size
+            if host_need > host_memory_bytes() * 0.5:
+                raise SkipCase(f"table needs {host_need / 2**30:.1f} GiB of host memory")
+
+    def backend_for(self, case: Case, topo: Topology, groups: Groups):
+        key = (case.impl, case.kernel, case.vocab_size, case.dim, case.dtype, case.num_heads,
+               case.num_tokens, case.cache_rows, case.stream_priority, topo)
+        if self.table is not None and self.table.key == key:
+            return self.table.backend
+        self.release_table()
+        try:
+            cls = get_backend(case.impl)
+        except ValueError as exc:
+            raise SkipCase(str(exc)) from exc
+        shard_rows = -(-case.vocab_size // topo.etp)
+        self._check_memory(case, cls, shard_rows * case.row_bytes)
+        kwargs: dict[str, Any] = dict(
+            dtype=case.dtype, num_heads=case.num_heads, max_tokens=case.num_tokens,
+            groups=groups, device=self.device,
+        )
+        if case.kernel:
+            kwargs["kernel"] = case.kernel
+        if case.cache_rows:
+            kwargs["cache_rows"] = case.cache_rows
+        if case.stream_priority:
+            kwargs["stream_priority"] = case.stream_priority
+        for k, v in case.extra:
+            kwargs[k] = v
+        with annotate("table_fill", color="gray"):
+            try:
+                backend = cls(case.vocab_size, case.dim, **kwargs)
+            except TypeError as exc:
+                raise SkipCase(f"{case.impl} does not accept this case's options: {exc}") from exc
+            except torch.OutOfMemoryError as exc:
+                raise SkipCase(f"out of memory allocating the table: {exc}") from exc
+            seed = TABLE_SEED_BASE + case.seed
+            backend.fill_synthetic(seed, scale=FP8_SCALE if backend.format.quantized else None)
+            backend.check_loaded()
+        self.table = _Table(key, backend, seed)
+        return backend
+
+    def ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
+        from .workload import make_ids
+
+        dp_rank = topo.coords(self.rank).dp_rank if topo.world_size > 1 else 0
+        return make_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size,
+                        seed=case.seed + _DP_SEED_STRIDE * dp_rank, device=self.device)
+
+    # ------------------------------------------------------------ one case
+    def run(self, case: Case, policy) -> dict[str, Any]:
+        topo = Topology(case.tp, case.etp, case.dp)
+        if topo.world_size != self.world_size:
+            raise SkipCase(f"needs {topo.world_size} ranks, this process group has {self.world_size}")
+        groups = self.groups_for(topo)
+        with annotate(f"case {case.case_id}", color="blue"):
+            backend = self.backend_for(case, topo, groups)
+            ids = self.ids_for(case, topo)
+            counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
+            if case.kind == "step":
+                return self._run_step(case, backend, ids, counts, policy, topo)
+            return self._run_lookup(case, backend, ids, counts, policy, topo)
+
+    def _lookup_fn(self, case: Case, backend, ids, counts):
+        if case.prefetch:
+            def fn():
+                backend.start_prefetch(ids, counts)
+                return backend.finalize()
+        else:
+            def fn():
+                return backend.lookup(ids, counts)
+        return fn
+
+    def check_output(self, case: Case, backend, ids: torch.Tensor, out: torch.Tensor) -> None:
+        ref = synthetic_rows(ids.reshape(-1), case.dim, self.table.seed, backend.storage_dtype)
+        ref = ref.reshape(ids.shape[0], case.num_heads * case.dim)
+        if tuple(out.shape) != tuple(ref.shape):
+            raise InvalidCase(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+        a = out.contiguous().view(torch.uint8)
+        b = ref.contiguous().view(torch.uint8)
+        bad = int((a != b).sum())
+        if bad:
+            raise InvalidCase(
+                f"{bad} of {a.numel()} output bytes differ from the reference lookup"
+            )
+
+    def _gate(self, case, backend, ids, counts) -> None:
+        fn = self._lookup_fn(case, backend, ids, counts)
+        out = fn()
+        self.check_output(case, backend, ids, out)
+        # a second call, with the previous output and any prefetch buffer poisoned, must be right too
+        out.view(torch.uint8).fill_(0x7F)
+        buffer = getattr(backend, "_buffer", None)
+        if isinstance(buffer, torch.Tensor):
+            buffer.view(torch.uint8).fill_(0x7F)
+        self.check_output(case, backend, ids, fn())
+
+    def _run_lookup(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
+        from . import measure as m
+
+        if case.graph == "breakable":
+            raise SkipCase("graph=breakable applies to kind=step cases (a lookup alone has no breaks)")
+        self._gate(case, backend, ids, counts)
+        fn = self._lookup_fn(case, backend, ids, counts)
+        multi = topo.world_size > 1
+        pol = _lockstep(policy) if multi else policy
+        rec: dict[str, Any] = {}
+        primary = None
+        graph_meas = None
+        if case.graph == "full" or (policy.graph and not multi and self.device.type == "cuda"):
+            if self.device.type != "cuda":
+                raise SkipCase("graph=full needs CUDA (CPU functional mode runs eagerly)")
+            if multi:
+                raise SkipCase("graph replay of multi-rank lookups is not measured (collectives in capture)")
+            try:
+                graph_meas = m.measure_graph(fn, device=self.device, policy=pol, label="lookup_graph")
+            except m.GraphCaptureError as exc:
+                if case.graph == "full":
+                    raise SkipCase(f"lookup cannot be captured in a CUDA graph: {exc}") from exc
+        if case.graph == "full":
+            primary = graph_meas
+        else:
+            primary = m.measure(fn, device=self.device, policy=pol, cold_l2=policy.cold_l2,
+                                label="lookup")
+            if policy.hot and policy.cold_l2:
+                hot = m.measure(fn, device=self.device, policy=pol, cold_l2=False, label="lookup_hot")
+                rec["hot_median_ms"] = hot.stats()["median_ms"]
+                rec["hot_samples_ms"] = hot.samples_ms
+        if graph_meas is not None:
+            rec["graph_median_ms"] = graph_meas.stats()["median_ms"]
+            rec["graph_samples_ms"] = graph_meas.samples_ms
+        rec.update(_measurement_fields(primary))
+        if multi:
+            rec.update(self._collective_costs(case, backend, ids, counts, pol))
+            rec.update(_slowest_rank(rec))
+        rows = ids.numel()
+        rec.update(rows=rows, bytes_moved=rows * case.row_bytes, row_bytes=case.row_bytes,
+                   table_bytes=case.table_bytes)
+        return rec
+
+    def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:
+        from . import measure as m
+
+        out: dict[str, Any] = {}
+        slot = backend._slot(ids.shape[0], counts)
+        if backend.topology.replicas > 1:
+            g = m.measure(lambda: backend._gather_ids(ids, slot), device=self.device, policy=pol,
+                          label="gather")
+            out["gather_ms"] = g.stats()["median_ms"]
+            out["gather_bytes"] = ids.numel() * ids.element_size() * backend.topology.replicas
+        if backend.groups.etp_group is not None:
+            rows = backend._local_lookup(backend._gather_ids(ids, slot))
+            r = m.measure(lambda: backend._reduce(rows), device=self.device, policy=pol, label="reduce")
+            out["reduce_ms"] = r.stats()["median_ms"]
+            nbytes = rows.numel() * rows.element_size()
+            out["reduce_bytes"] = nbytes
+            n = backend.topology.etp
+            # bus bandwidth of a ring all-reduce: 2 (n-1)/n x bytes / time (nccl-tests' convention)
+            out["reduce_busbw_gbps"] = 2 * (n - 1) / n * nbytes / (out["reduce_ms"] * 1e6)
+        return out
+
+    def _run_step(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
+        from . import step as step_mod
+
+        self._gate(case, backend, ids, counts)
+        key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
+               case.compute_us, case.hidden, case.graph, topo)
+        baseline = self.resident_step_ms.get(key)
+        try:
+            rec = step_mod.run_step_case(case, backend, ids, counts, policy, self.device,
+                                         resident_baseline=baseline)
+        except NotImplementedError as exc:
+            raise SkipCase(str(exc)) from exc
+        except step_mod.StepMismatch as exc:
+            raise InvalidCase(str(exc)) from exc
+        if case.impl == "device" and rec.get("step_ms") is not None:
+            self.resident_step_ms[key] = rec["step_ms"]
+        if topo.world_size > 1:
+            rec.update(_slowest_rank(rec))
+        rows = ids.numel()
+        rec.setdefault("rows", rows)
+        rec.setdefault("bytes_moved", rows * case.row_bytes)
+        rec.update(row_bytes=case.row_bytes, table_bytes=case.table_bytes)
+        return rec
+
+
+def _lockstep(policy):
+    """Multi-rank measurements must take the same number of samples on every rank,
+    or a collective inside the timed function would wait forever."""
+    n = max(policy.min_samples, min(policy.max_samples, 30))
+    return replace(policy, min_samples=n, max_samples=n, max_time_s=1e9, min_time_s=0.0,
+                   max_noise=0.0, warmup_ms=0.0)
+
+
+def _measurement_fields(meas) -> dict[str, Any]:
+    stats = meas.stats()
+    out = {k: stats.get(k) for k in ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms",
+                                       "iqr_ms", "cv", "n_samples", "throttled_samples")}
+    out["samples_ms"] = list(meas.samples_ms)
+    out["timer"] = meas.timer
+    clocks = [c for c in meas.sm_clock_mhz if c is not None]
+    out["sm_clock_mhz"] = sorted(clocks)[len(clocks) // 2] if clocks else None
+    out["stopped_by"] = meas.stopped_by
+    return out
+
+
+def _slowest_rank(rec: dict[str, Any]) -> dict[str, Any]:
+    """Every rank measured; the case's time is the slowest rank's."""
+    import torch.distributed as dist
+
+    mine = rec.get("median_ms") if rec.get("median_ms") is not None else rec.get("step_ms")
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (mine, rec.get("samples_ms")))
+    medians = [m for m, _ in everyone if m is not None]
+    out: dict[str, Any] = {"rank_medians_ms": medians}
+    if medians:
+        worst = max(range(len(everyone)), key=lambda i: everyone[i][0] or -1)
+        out["rank_spread_ms"] = max(medians) - min(medians)
+        out["slowest_rank"] = worst
+        if rec.get("median_ms") is not None:
+            out["median_ms"] = everyone[worst][0]
+            out["samples_ms"] = everyone[worst][1]
+    return out
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,209 @@
+"""Worker processes: each case runs in a child process (one per rank), so that a
+fatal CUDA error, a crash or a hang takes down a worker, never the run.
+
+The parent sends ``("case", axes, policy)`` / ``("ceilings", ...)`` / ``None`` (stop)
+to every rank's pipe; each rank answers ``("ok", result)``, ``("skip", reason)``,
+``("invalid", reason)`` or ``("error", message, traceback)``.  Only rank 0's
+result is kept."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from multiprocessing.connection import wait
+from typing import Any
+
+_FATAL_MARKERS = ("illegal memory access", "CUDA error", "device-side assert", "AcceleratorError",
+                  "unspecified launch failure", "NCCL", "Connection closed", "DistBackendError")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    import torch
+
+    from . import annotate
+    from .case import Case
+    from .executor import CaseExecutor, InvalidCase, SkipCase
+    from .measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
+
+    try:
+        device = torch.device("cpu")
+        if torch.cuda.is_available():
+            device = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        if world > 1:
+            from .parallel import init_distributed
+
+            init_distributed()
+        executor = CaseExecutor(rank=rank, world_size=world, device=device)
+        conn.send(("ready", {"device": str(device)}))
+    except BaseException as exc:  # noqa: BLE001
+        conn.send(("error", f"worker start failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        op = msg[0]
+        try:
+            if op == "case":
+                _, axes, policy_dict, options = msg
+                annotate.set_enabled(options.get("nvtx", True))
+                set_profiler_window(options.get("profile_window", False))
+                result = executor.run(Case.from_axes(axes), TimingPolicy(**policy_dict))
+                conn.send(("ok", result))
+            elif op == "ceilings":
+                ceilings: dict = {}
+                info = None
+                if rank == 0:
+                    ceilings = measure_ceilings(device)
+                    info = device_info(device)
+                if world > 1:
+                    ceilings.update(_allreduce_busbw(device, world))
+                conn.send(("ok", {"ceilings": ceilings, "device": info}))
+            else:
+                conn.send(("error", f"unknown op {op!r}", ""))
+        except SkipCase as exc:
+            conn.send(("skip", str(exc)))
+        except InvalidCase as exc:
+            conn.send(("invalid", str(exc)))
+        except BaseException as exc:  # noqa: BLE001
+            text = f"{type(exc).__name__}: {exc}"
+            conn.send(("error", text, traceback.format_exc()))
+            if any(marker in text for marker in _FATAL_MARKERS) or isinstance(exc, KeyboardInterrupt):
+                break  # the process may be poisoned: let the parent start a fresh one
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _allreduce_busbw(device, world: int) -> dict[str, float]:
+    """All-reduce bus bandwidth over the whole world, measured now (nccl-tests' convention)."""
+    import torch
+    import torch.distributed as dist
+
+    nbytes = (256 << 20) if device.type == "cuda" else (8 << 20)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    for _ in range(3):
+        dist.all_reduce(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    t = sorted(times)[len(times) // 2]
+    busbw = 2 * (world - 1) / world * nbytes / t / 1e9
+    return {f"allreduce_busbw_gbps_w{world}": busbw}
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class WorkerPool:
+    """``world`` child processes forming one process group."""
+
+    def __init__(self, world: int, *, start_timeout_s: float = 180.0, env: dict[str, str] | None = None):
+        self.world = world
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self.conns = []
+        self.procs = []
+        child_env = dict(env or {})
+        for rank in range(world):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(rank, world, port, child, child_env),
+                               daemon=True, name=f"ple_bench-rank{rank}")
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        replies = self._collect(start_timeout_s)
+        for rank, reply in enumerate(replies):
+            if reply[0] != "ready":
+                self.close()
+                raise WorkerError(f"rank {rank}: {reply[1]}")
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def _collect(self, timeout_s: float) -> list[tuple]:
+        replies: dict[int, tuple] = {}
+        deadline = time.monotonic() + timeout_s
+        pending = {conn: rank for rank, conn in enumerate(self.conns)}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                ranks = sorted(pending.values())
+                raise TimeoutError(f"rank(s) {ranks} did not answer within {timeout_s:.0f} s")
+            ready = wait(list(pending), timeout=min(left, 1.0))
+            for conn in ready:
+                rank = pending.pop(conn)
+                try:
+                    replies[rank] = conn.recv()
+                except (EOFError, OSError):
+                    code = self.procs[rank].exitcode
+                    replies[rank] = ("error", f"rank {rank} died (exit code {code})", "")
+                if replies[rank][0] == "error":
+                    return [replies.get(r, ("error", replies[rank][1], "")) for r in range(self.world)]
+            for conn, rank in list(pending.items()):
+                if not self.procs[rank].is_alive() and not conn.poll():
+                    code = self.procs[rank].exitcode
+                    pending.pop(conn)
+                    replies[rank] = ("error", f"rank {rank} died (exit code {code})", "")
+                    return [replies.get(r, replies[rank]) for r in range(self.world)]
+        return [replies[r] for r in range(self.world)]
+
+    def request(self, msg: tuple, timeout_s: float) -> tuple:
+        """Send ``msg`` to every rank; rank 0's reply, or the first rank's error."""
+        for conn in self.conns:
+            conn.send(msg)
+        replies = self._collect(timeout_s)
+        for rank, reply in enumerate(replies):
+            if reply[0] == "error":
+                return ("error", f"rank {rank}: {reply[1]}", reply[2] if len(reply) > 2 else "")
+        return replies[0]
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        deadline = time.monotonic() + 5
+        for p in self.procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+
+
+def policy_dict(policy) -> dict[str, Any]:
+    return dataclasses.asdict(policy)
