@@ -246,7 +246,7 @@ class PLEEmbedding(ABC):
         import torch.distributed as dist
 
         with annotate("reduce_rows", color="purple"):
-            dist.all_reduce(int_view(rows), group=self.groups.etp_group)
+            dist.all_reduce(_reduce_view(rows), group=self.groups.etp_group)
         return rows
 
     def lookup(
@@ -281,6 +281,20 @@ class PLEEmbedding(ABC):
         _check_out(out, rows)
         out.copy_(rows)
         return out
+
+
+def _reduce_view(rows: torch.Tensor) -> torch.Tensor:
+    """The integer view of ``rows`` that the ETP all-reduce sums.
+
+    Neither NCCL nor gloo reduces int16, so 2-byte rows (bf16, fp16) are summed
+    as int32 words (int8 if the byte count is odd).  Still byte-exact: all but
+    one rank contribute zero bytes for every row, so the integer sum only
+    concatenates disjoint bit patterns."""
+    view = int_view(rows)
+    if view.element_size() == 2:
+        flat = view.reshape(-1)
+        view = flat.view(torch.int32) if flat.numel() % 2 == 0 else flat.view(torch.int8)
+    return view
 
 
 def _check_out(out: torch.Tensor, rows: torch.Tensor) -> None:
