@@ -267,6 +267,7 @@ class PLEEmbedding(ABC):
         """Start the lookup of ``ids``.  Resident tables do nothing here: the
         lookup happens in :meth:`finalize`."""
         self._check_ids(ids)
+        self._slot(ids.shape[0], dp_token_counts)  # refuse bad counts here, not at finalize
         self._pending = (ids, dp_token_counts)
 
     def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
