@@ -1,0 +1,31 @@
+"""Measuring a case: timing policy and loop (``timer``), stopping criteria
+(``stopping``), summaries (``stats``), SM clock and machine description
+(``clocks``), L2 flushing (``l2``), physical ceilings (``ceilings``) and the
+external profiler's capture window (``profiler``).
+
+Measurement never formats: it returns raw samples in dataclasses; reports
+are built from the stored records."""
+
+from .ceilings import measure_ceilings
+from .clocks import ClockSampler, device_info
+from .l2 import L2Flusher, get_flusher, l2_flush, l2_size_bytes
+from .profiler import profiler_window, profiler_window_enabled, set_profiler_window
+from .stats import relative_noise, summarize
+from .stopping import Criterion, RelativeNoise, SampleCount, Stopper, TimeBudget, stopper_for
+from .timer import (
+    GraphCaptureError,
+    Measurement,
+    TimingPolicy,
+    capture_graph,
+    measure,
+    measure_graph,
+    run_sampling,
+)
+
+__all__ = [
+    "ClockSampler", "Criterion", "GraphCaptureError", "L2Flusher", "Measurement", "RelativeNoise",
+    "SampleCount", "Stopper", "TimeBudget", "TimingPolicy", "capture_graph", "device_info",
+    "get_flusher", "l2_flush", "l2_size_bytes", "measure", "measure_ceilings", "measure_graph",
+    "profiler_window", "profiler_window_enabled", "relative_noise", "run_sampling",
+    "set_profiler_window", "stopper_for", "summarize",
+]
