@@ -434,6 +434,15 @@ def test_bad_suite_is_one_clear_error(tmp_path, text, expected):
         assert part in message, (part, message)
 
 
+def test_timing_keys_match_the_timing_policy(shipped):
+    from ple_bench.measure import TimingPolicy
+    from ple_bench.suite import TIMING
+
+    assert set(TIMING) == {f.name for f in dataclasses.fields(TimingPolicy)}
+    for suite in shipped.values():
+        TimingPolicy.from_dict(suite.timing)  # every shipped policy is one the runner accepts
+
+
 def test_timing_is_passed_through(tmp_path):
     suite = load_suite(write(tmp_path, """
         notes = "n"
