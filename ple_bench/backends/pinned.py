@@ -23,7 +23,9 @@ class PinnedUVAEmbedding(PLEEmbedding):
     supports_prefetch = True
     default_kernel = "triton_reference"
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, **kwargs) -> None:
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, *, stream_priority: int = 0, **kwargs
+    ) -> None:
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             ok, why = uva_available(device)
@@ -36,6 +38,8 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self._alloc_lock = threading.Lock()
         self._inflight_ids: torch.Tensor | None = None
         self.prefetch_rows = self.max_tokens * self.topology.replicas
+        # priority of the side stream (lower = higher priority); read when it is created
+        self.stream_priority = int(stream_priority)
 
     def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
         pin = self.device.type == "cuda"
@@ -71,7 +75,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
                     raise RuntimeError(
                         "pinned PLE prefetch buffer must be allocated eagerly, before cudagraph capture"
                     )
-                self._stream = torch.cuda.Stream(device=self.device)
+                self._stream = torch.cuda.Stream(device=self.device, priority=self.stream_priority)
             self._buffer = torch.empty(
                 self.prefetch_rows, self.num_heads, self.embedding_dim,
                 dtype=self.storage_dtype, device=self.device,

@@ -1,0 +1,653 @@
+"""The synthetic decode step (``kind="step"`` cases): how much of a PLE lookup a
+layer's compute hides, and what a host-memory table costs a whole step.
+
+One step of one layer, on ``num_tokens`` tokens::
+
+    start_prefetch(ids, dp_counts)      # layer entry (pinned: side-stream lookup)
+    x = h @ W1 @ W2 ... @ Wn            # main-stream compute: n chained matmuls
+    rows = finalize(out=rows)           # join the side stream, reduce, select
+    out = x + dequantize(rows) @ P      # the consumer: [tokens, heads*dim] x [heads*dim, hidden]
+
+With ``prefetch=False`` the synchronous ``backend.lookup`` stands where finalize
+is.  ``n`` is calibrated on the device to take about ``compute_us``
+(:meth:`DecodeStep.calibrate_compute`), or given as ``compute_layers``.  The
+weights form a ring larger than the L2 cache so that, as in a real decode step,
+the compute streams its weights from memory.
+
+Graph modes (:mod:`ple_bench.graphs`): ``eager``; ``breakable`` -- the backend
+calls (start_prefetch, finalize, lookup) are eager breaks, replayed with this
+step's static id buffer and a DP-count list that :meth:`DecodeStep.set_inputs`
+updates in place; ``full`` -- the whole step is one graph, possible only where
+those calls read nothing on the host (no DP gather).  On a CPU everything runs
+synchronously and eagerly (functional mode); graph modes are
+``NotImplementedError`` ("needs CUDA"), which the runner records as skipped.
+
+:func:`check_step` compares the step's embeddings (bit-exactly) and output with
+references before anything is timed; :func:`run_step_case` measures a case and
+returns its record fields (see its docstring).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .annotate import annotate
+from .backends.synthetic import synthetic_rows
+from .graphs import MODES, BreakableGraph, eager_break
+
+#: the weights of the compute ring together exceed this (several times the L2)
+RING_BYTES = 256 << 20
+MAX_RING = 8
+#: samples of the in-step compute region (events around the compute)
+REGION_SAMPLES = (5, 100)
+
+_CALIBRATION: dict[tuple, tuple[int, float]] = {}
+
+
+class StepMismatch(RuntimeError):
+    """The step's embeddings or output differ from the reference (case invalid)."""
+
+
+def default_act_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+class _RegionProbe:
+    """Times one region per step: CUDA events on the current stream, or the host
+    clock in functional mode (where everything is synchronous)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._pairs: list = []
+        self._host: list[float] = []
+        self._t0 = 0
+
+    def start(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            self._pairs.append([ev, None])
+        else:
+            self._t0 = time.perf_counter_ns()
+
+    def end(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(self.device))
+            self._pairs[-1][1] = ev
+        else:
+            self._host.append((time.perf_counter_ns() - self._t0) / 1e6)
+
+    def samples_ms(self) -> list[float]:
+        if not self.cuda:
+            return list(self._host)
+        torch.cuda.synchronize(self.device)
+        return [a.elapsed_time(b) for a, b in self._pairs]
+
+
+class DecodeStep:
+    """One synthetic decode step around ``backend``'s lookup (see the module doc).
+
+    Static buffers: :attr:`ids` (``[num_tokens, heads]`` int64, copied into by
+    :meth:`set_inputs`), :attr:`rows` (the finalize output, storage dtype,
+    ``[num_tokens, heads*dim]``) and :attr:`out` (``[num_tokens, hidden]``)."""
+
+    def __init__(
+        self,
+        backend,
+        *,
+        hidden: int,
+        num_tokens: int,
+        compute_us: float | None = None,
+        compute_layers: int | None = None,
+        prefetch: bool = False,
+        graph: str = "eager",
+        device: torch.device | str | None = None,
+        act_dtype: torch.dtype | None = None,
+        seed: int = 0,
+        graph_factory: Callable[[str], BreakableGraph] | None = None,
+    ) -> None:
+        if graph not in MODES:
+            raise ValueError(f"unknown graph mode {graph!r}; allowed: {MODES}")
+        if (compute_us is None) == (compute_layers is None):
+            raise ValueError("give exactly one of compute_us and compute_layers")
+        if hidden < 1 or num_tokens < 1:
+            raise ValueError(f"hidden and num_tokens must be positive, got {hidden}, {num_tokens}")
+        self.backend = backend
+        self.device = torch.device(device) if device is not None else backend.device
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.device != backend.device:
+            raise ValueError(f"step device {self.device} differs from the backend's {backend.device}")
+        self.graph_mode = graph
+        # graph_factory(mode) -> BreakableGraph: replaces the CUDA graphs (tests
+        # use fake segments to check the step's breaks on a CPU)
+        self._graph_factory = graph_factory
+        self.check_mode(graph)
+        self.hidden = hidden
+        self.num_tokens = num_tokens
+        self.prefetch = bool(prefetch)
+        self.act_dtype = act_dtype or default_act_dtype(self.device)
+        heads, dim = backend.num_heads, backend.embedding_dim
+        self.emb_width = heads * dim
+
+        if self.prefetch and hasattr(backend, "prepare_prefetch"):
+            backend.prepare_prefetch()  # eagerly: allocation is refused during capture
+
+        dev, act = self.device, self.act_dtype
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0x5EED + seed)
+        self.ids = torch.zeros(num_tokens, heads, dtype=torch.int64, device=dev)
+        self.dp_counts: list[int] = []  # updated in place: the breaks are bound to this list
+        self.rows = torch.zeros(num_tokens, self.emb_width, dtype=backend.storage_dtype, device=dev)
+        self.out = torch.zeros(num_tokens, hidden, dtype=act, device=dev)
+        self.hidden_in = torch.randn(num_tokens, hidden, generator=gen, device=dev).to(act)
+        matrix_bytes = hidden * hidden * torch.empty((), dtype=act).element_size()
+        ring = max(1, min(MAX_RING, math.ceil(RING_BYTES / matrix_bytes))) if dev.type == "cuda" else 2
+        self.weights = [
+            (torch.randn(hidden, hidden, generator=gen, device=dev) / math.sqrt(hidden)).to(act)
+            for _ in range(ring)
+        ]
+        self.proj = (torch.randn(self.emb_width, hidden, generator=gen, device=dev)
+                     / math.sqrt(self.emb_width)).to(act)
+        self._ping = torch.empty(num_tokens, hidden, dtype=act, device=dev)
+        self._pong = torch.empty(num_tokens, hidden, dtype=act, device=dev)
+
+        # The backend calls, as eager breaks bound to this backend (a plain call
+        # outside a breakable capture).
+        self._start = eager_break(backend.start_prefetch)
+        self._finalize = eager_break(backend.finalize)
+        self._lookup = eager_break(self._lookup_into)
+
+        self._probe: _RegionProbe | None = None
+        self._runners: dict[tuple[str, str], Callable[[], Any]] = {}
+        self.graphs: dict[tuple[str, str], BreakableGraph] = {}  # (body, mode) -> captured graph
+        self.compute_target_us = compute_us
+        self.matmul_us: float | None = None
+        if compute_layers is not None:
+            if compute_layers < 0:
+                raise ValueError("compute_layers must be >= 0")
+            self.compute_matmuls = int(compute_layers)
+        else:
+            self.compute_matmuls = self.calibrate_compute(float(compute_us))
+
+    # ------------------------------------------------------------ modes
+    def check_mode(self, mode: str) -> None:
+        """``NotImplementedError`` (-> skipped) where ``mode`` cannot run."""
+        replicas = self.backend.topology.replicas
+        if mode == "full" and replicas > 1:
+            raise NotImplementedError(
+                f"graph=full captures start_prefetch/finalize, which read host-side DP token "
+                f"counts when ETP spans DP (ETP/TP={replicas}); use graph=breakable"
+            )
+        if mode != "eager" and self.device.type != "cuda" and self._graph_factory is None:
+            raise NotImplementedError(f"graph={mode} needs CUDA (CPU functional mode runs eagerly)")
+
+    # ------------------------------------------------------------ inputs
+    def set_inputs(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None) -> None:
+        """Copy fresh ids into the static id buffer; update the DP counts in place."""
+        if tuple(ids.shape) != tuple(self.ids.shape):
+            raise ValueError(f"ids must be {tuple(self.ids.shape)}, got {tuple(ids.shape)}")
+        self.ids.copy_(ids, non_blocking=True)
+        self.dp_counts[:] = [int(c) for c in dp_token_counts] if dp_token_counts is not None else []
+
+    # ------------------------------------------------------------ pieces
+    def _lookup_into(self, out: torch.Tensor) -> torch.Tensor:
+        out.copy_(self.backend.lookup(self.ids, self._counts_arg))
+        return out
+
+    @property
+    def _counts_arg(self) -> list[int] | None:
+        # the same list object every call (None when the backend reads no counts)
+        return self.dp_counts if self.backend.topology.replicas > 1 else None
+
+    def compute(self, n: int | None = None) -> torch.Tensor:
+        """The main-stream compute: ``n`` chained matmuls over the weight ring."""
+        n = self.compute_matmuls if n is None else n
+        x = self.hidden_in
+        bufs = (self._ping, self._pong)
+        for i in range(n):
+            dst = bufs[i % 2]
+            torch.mm(x, self.weights[i % len(self.weights)], out=dst)
+            x = dst
+        return x
+
+    def consume(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``out = x + dequantize(rows) @ proj``."""
+        emb = self.backend.dequantize(rows, self.act_dtype)
+        if emb.dtype != self.act_dtype:
+            emb = emb.to(self.act_dtype)
+        return torch.addmm(x, emb, self.proj, out=self.out)
+
+    # ------------------------------------------------------------ bodies
+    def body_step(self) -> torch.Tensor:
+        """The whole step (the ids are already in :attr:`ids`)."""
+        with annotate("decode_step", color="blue"):
+            counts = self._counts_arg
+            if self.prefetch:
+                self._start(self.ids, counts)
+            if self._probe is not None:
+                self._probe.start()
+            with annotate("compute", color="cyan"):
+                x = self.compute()
+            if self._probe is not None:
+                self._probe.end()
+            if self.prefetch:
+                self._finalize(out=self.rows)
+            else:
+                self._lookup(self.rows)
+            return self.consume(x, self.rows)
+
+    def body_lookup(self) -> torch.Tensor:
+        """The lookup alone (start_prefetch + finalize, or lookup), no compute."""
+        with annotate("step_lookup", color="green"):
+            if self.prefetch:
+                self._start(self.ids, self._counts_arg)
+                return self._finalize(out=self.rows)
+            return self._lookup(self.rows)
+
+    def body_compute(self) -> torch.Tensor:
+        """The step without the lookup: compute, then the consumer on the rows
+        already in :attr:`rows`."""
+        with annotate("step_compute", color="cyan"):
+            if self._probe is not None:
+                self._probe.start()
+            x = self.compute()
+            if self._probe is not None:
+                self._probe.end()
+            return self.consume(x, self.rows)
+
+    def runner(self, kind: str = "step", mode: str | None = None) -> Callable[[], Any]:
+        """A no-argument callable running body ``kind`` (step | lookup | compute)
+        in graph ``mode`` (default: this step's); graphs are captured on first use."""
+        mode = mode or self.graph_mode
+        key = (kind, mode)
+        if key in self._runners:
+            return self._runners[key]
+        body = {"step": self.body_step, "lookup": self.body_lookup, "compute": self.body_compute}[kind]
+        self.check_mode(mode)
+        if mode == "eager":
+            fn: Callable[[], Any] = body
+        else:
+            if self._graph_factory is not None:
+                graph = self._graph_factory(mode)
+            else:
+                graph = BreakableGraph(mode, device=self.device)
+            with annotate(f"capture_{kind}_{mode}", color="gray"):
+                graph.capture(body, warmup=2)
+            self.graphs[key] = graph
+            fn = graph.replay
+        self._runners[key] = fn
+        return fn
+
+    def run(self, mode: str | None = None) -> torch.Tensor:
+        self.runner("step", mode)()
+        return self.out
+
+    def run_lookup(self, mode: str | None = None) -> torch.Tensor:
+        self.runner("lookup", mode)()
+        return self.rows
+
+    def run_compute(self, mode: str | None = None) -> torch.Tensor:
+        self.runner("compute", mode)()
+        return self.out
+
+    def close(self) -> None:
+        """Drop the captured graphs (they and the step refer to each other) and the
+        weights, so their memory is freed now rather than at the next gc."""
+        self.graphs.clear()
+        self._runners.clear()
+        self.weights = []
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """The finalize output of the last step (storage dtype)."""
+        return self.rows
+
+    # ------------------------------------------------------------ calibration
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _time_compute_ms(self, n: int, repeats: int = 5) -> float:
+        """Median time of ``compute(n)`` (eager) in ms."""
+        self.compute(n)
+        self._sync()
+        times = []
+        for _ in range(repeats):
+            if self.device.type == "cuda":
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                self.compute(n)
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b))
+            else:
+                t0 = time.perf_counter_ns()
+                self.compute(n)
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        return statistics.median(times)
+
+    def calibrate_compute(self, target_us: float) -> int:
+        """Measure the matmuls of the ring and pick how many take ~``target_us``
+        (0 for 0).  Cached per device and shape, and agreed over all ranks (the
+        largest count), so that the variants of a case run the same compute."""
+        if target_us < 0:
+            raise ValueError("compute_us must be >= 0")
+        if target_us == 0:
+            self.matmul_us = None
+            return 0
+        key = (str(self.device), self.hidden, self.num_tokens, self.act_dtype, len(self.weights),
+               float(target_us))
+        if key not in _CALIBRATION:
+            n_cal = max(2 * len(self.weights), 8 if self.device.type == "cuda" else 2)
+            per_us = self._time_compute_ms(n_cal) * 1e3 / n_cal
+            count = max(1, round(target_us / per_us)) if per_us > 0 else 1
+            count = _agree_max(count, self.device)
+            _CALIBRATION[key] = (count, per_us)
+        count, self.matmul_us = _CALIBRATION[key]
+        return count
+
+    # ------------------------------------------------------------ instrumented runs
+    def compute_region_samples(self, body: str, n: int, feed: Callable[[], None] | None = None,
+                               warmup: int = 2) -> list[float]:
+        """Eager runs of body ``step`` or ``compute`` with the compute region timed
+        (events on the main stream): the compute while the lookup runs beside it,
+        or alone."""
+        fn = {"step": self.body_step, "compute": self.body_compute}[body]
+        probe = _RegionProbe(self.device)
+        self._probe = probe
+        try:
+            for _ in range(warmup + n):
+                if feed is not None:
+                    feed()
+                fn()
+        finally:
+            self._probe = None
+        return probe.samples_ms()[warmup:]
+
+
+def _agree_max(value: int, device: torch.device) -> int:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64,
+                     device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+# ---------------------------------------------------------------- correctness
+def _reference_rows(step: DecodeStep, ids: torch.Tensor, table_seed: int | None,
+                    dp_token_counts: Sequence[int] | None) -> torch.Tensor:
+    b = step.backend
+    if table_seed is not None:
+        ref = synthetic_rows(ids.reshape(-1), b.embedding_dim, table_seed, b.storage_dtype)
+        return ref.reshape(ids.shape[0], step.emb_width)
+    # no seed: the backend's plain synchronous lookup is the reference
+    return b.lookup(ids, list(dp_token_counts) if dp_token_counts is not None else None).clone()
+
+
+def check_step(
+    step: DecodeStep,
+    id_sets: Sequence[torch.Tensor],
+    table_seed: int | None,
+    dp_token_counts: Sequence[int] | None = None,
+    mode: str | None = None,
+) -> None:
+    """Run the step (in ``mode``) once per id set, outputs and prefetch buffer
+    poisoned first, and compare: the embeddings bit-exactly with
+    ``synthetic_rows`` of the ids (or, without ``table_seed``, with the backend's
+    plain lookup), and the output with the consumer recomputed from the
+    reference rows.  :class:`StepMismatch` on any difference."""
+    if not id_sets:
+        raise ValueError("check_step needs at least one id set")
+    mode = mode or step.graph_mode
+    run = step.runner("step", mode)
+    tol = 1e-5 if step.act_dtype == torch.float32 else 2e-2
+    for i, ids in enumerate(id_sets):
+        step.set_inputs(ids, dp_token_counts)
+        step.rows.view(torch.uint8).fill_(0x7F)  # e4m3 NaN / huge values: never a valid row
+        step.out.fill_(float("nan"))
+        buffer = getattr(step.backend, "_buffer", None)
+        if isinstance(buffer, torch.Tensor):
+            buffer.view(torch.uint8).fill_(0x7F)
+        run()
+        step._sync()
+        ref = _reference_rows(step, ids, table_seed, dp_token_counts)
+        got = step.rows.contiguous().view(torch.uint8)
+        want = ref.to(step.rows.device).contiguous().view(torch.uint8)
+        if got.shape != want.shape:
+            raise StepMismatch(f"step embeddings are {tuple(step.rows.shape)}, reference {tuple(ref.shape)}")
+        bad = got != want
+        if bool(bad.any()):
+            where = torch.nonzero(bad)[0].tolist()
+            raise StepMismatch(
+                f"graph={mode} prefetch={step.prefetch} id set {i}: {int(bad.sum())} of {bad.numel()} "
+                f"embedding bytes differ from the reference lookup (first at token {where[0]})"
+            )
+        out = step.out.clone()
+        expected = torch.addmm(step.compute(), _dequant(step, ref.to(step.rows.device)), step.proj)
+        err = (out.float() - expected.float()).abs().max().item()
+        scale = max(expected.float().abs().max().item(), 1.0)
+        if not math.isfinite(err) or err > tol * scale:
+            raise StepMismatch(
+                f"graph={mode} prefetch={step.prefetch} id set {i}: step output differs from the "
+                f"reference consumer by {err:.4g} (tolerance {tol * scale:.4g})"
+            )
+
+
+def _dequant(step: DecodeStep, rows: torch.Tensor) -> torch.Tensor:
+    emb = step.backend.dequantize(rows, step.act_dtype)
+    return emb.to(step.act_dtype)
+
+
+# ---------------------------------------------------------------- one case
+def _id_sets(ids) -> list[torch.Tensor]:
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() == 2:
+            return [ids]
+        if ids.dim() == 3:
+            return list(ids.unbind(0))
+        raise ValueError(f"ids must be [tokens, heads] or [sets, tokens, heads], got {tuple(ids.shape)}")
+    sets = list(ids)
+    if not sets:
+        raise ValueError("no id sets given")
+    return sets
+
+
+def _lockstep(policy):
+    """Every rank must take the same number of samples when the timed function
+    holds a collective (the DP gather, the ETP reduce)."""
+    if not dataclasses.is_dataclass(policy):
+        return policy
+    names = {f.name for f in dataclasses.fields(policy)}
+    if not {"min_samples", "max_samples"} <= names:
+        return policy
+    n = max(policy.min_samples, min(policy.max_samples, 30))
+    changes: dict[str, Any] = {"min_samples": n, "max_samples": n}
+    for name, value in (("max_time_s", 1e9), ("min_time_s", 0.0), ("max_noise", 0.0), ("warmup_ms", 0.0)):
+        if name in names:
+            changes[name] = value
+    return dataclasses.replace(policy, **changes)
+
+
+def _median(samples: Sequence[float]) -> float | None:
+    return statistics.median(samples) if samples else None
+
+
+STEP_KEYS = (
+    "step_ms", "step_samples_ms", "lookup_ms", "lookup_samples_ms", "compute_ms", "compute_samples_ms",
+    "compute_in_step_ms", "compute_in_step_samples_ms", "compute_region_alone_ms",
+    "compute_region_alone_samples_ms", "exposed_ms", "compute_slowdown", "overlap_efficiency",
+    "offload_overhead", "graph_break_cost_ms", "full_step_ms", "full_step_samples_ms",
+    "compute_matmuls", "compute_target_us", "matmul_us", "median_ms", "samples_ms", "timer",
+)
+
+
+def run_step_case(
+    case,
+    backend,
+    ids,
+    dp_token_counts: Sequence[int] | None,
+    policy,
+    device,
+    resident_baseline: float | dict | None = None,
+    *,
+    table_seed: int | None = None,
+    measure_fn: Callable[..., Any] | None = None,
+) -> dict[str, Any]:
+    """Check, then measure one ``kind="step"`` case; returns record fields.
+
+    ``ids``: ``[tokens, heads]`` or several id sets (``[sets, tokens, heads]`` or
+    a list), copied in turn into the static input before each step.
+    ``table_seed``: the seed the table was filled with (``fill_synthetic``); the
+    reference is ``synthetic_rows`` of it (without it, the backend's plain
+    lookup).  ``resident_baseline``: the device-resident step of the same shape
+    (its ``step_ms``, or its record).
+
+    Keys (ms unless noted; ``*_samples_ms`` are the raw samples):
+    ``step_ms`` the step in the case's graph mode (also ``median_ms`` /
+    ``samples_ms`` and the summary of that measurement); ``lookup_ms`` the
+    lookup alone (start_prefetch + finalize, or lookup); ``compute_ms`` the step
+    without its lookup (compute + consumer); ``exposed_ms`` = step - compute (the
+    lookup time the compute did not hide, break costs included);
+    ``overlap_efficiency`` = clamp(1 - exposed / lookup, 0, 1);
+    ``compute_slowdown`` = in-step compute region / compute region alone - 1
+    (eager runs, events around the matmuls on the main stream: how much the
+    side-stream lookup slows the compute beside it); ``offload_overhead`` =
+    step / resident step - 1; ``graph_break_cost_ms`` = breakable step - full
+    step (breakable cases on one rank, when a full graph can be captured);
+    ``compute_matmuls``, ``matmul_us`` (calibrated), ``compute_target_us``.
+
+    ``NotImplementedError`` (-> skipped) for what cannot run here;
+    :class:`StepMismatch` (-> invalid) for a wrong result."""
+    if getattr(case, "kind", "step") != "step":
+        raise ValueError(f"run_step_case runs kind='step' cases, got kind={case.kind!r}")
+    if getattr(case, "grid_frac", 1.0) != 1.0:
+        raise NotImplementedError(
+            f"grid_frac={case.grid_frac}: limiting the lookup's grid is not supported by the "
+            "reference kernel (one program per id, grid fixed by the batch)"
+        )
+    device = torch.device(device)
+    priority = int(getattr(case, "stream_priority", 0) or 0)
+    if priority:
+        _apply_stream_priority(backend, priority, case, device)
+    if measure_fn is None:
+        from .measure import measure as measure_fn  # noqa: N813
+    sets = [t.to(backend.device) for t in _id_sets(ids)]
+    counts = list(dp_token_counts) if dp_token_counts is not None else None
+    multi = backend.topology.world_size > 1
+    pol = _lockstep(policy) if multi else policy
+
+    step = DecodeStep(
+        backend, hidden=case.hidden, num_tokens=sets[0].shape[0], compute_us=case.compute_us,
+        prefetch=case.prefetch, graph=case.graph, device=device,
+    )
+    try:
+        return _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
+                             resident_baseline, measure_fn)
+    finally:
+        step.close()
+
+
+def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device, multi,
+                  resident_baseline, measure_fn) -> dict[str, Any]:
+    check_step(step, sets, table_seed, counts)
+
+    position = [0]
+
+    def feed() -> None:
+        step.set_inputs(sets[position[0] % len(sets)], counts)
+        position[0] += 1
+
+    def timed(runner: Callable[[], Any]) -> Callable[[], None]:
+        def fn() -> None:
+            feed()
+            runner()
+        return fn
+
+    def sample(runner: Callable[[], Any], label: str):
+        return measure_fn(timed(runner), device=device, policy=pol, cold_l2=False, label=label)
+
+    step_m = sample(step.runner("step"), "step")
+    lookup_m = sample(step.runner("lookup"), "step_lookup")
+    compute_m = sample(step.runner("compute"), "step_compute")
+
+    n_region = max(REGION_SAMPLES[0], min(REGION_SAMPLES[1], len(step_m.samples_ms)))
+    in_step = step.compute_region_samples("step", n_region, feed)
+    alone = step.compute_region_samples("compute", n_region, feed)
+
+    rec: dict[str, Any] = {}
+    stats = step_m.stats()
+    for key in ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",
+                "noise", "n_samples", "throttled_samples", "dropped_samples", "sm_clock_mhz"):
+        if key in stats:
+            rec[key] = stats[key]
+    step_ms = stats["median_ms"]
+    lookup_ms = lookup_m.stats()["median_ms"]
+    compute_ms = compute_m.stats()["median_ms"]
+    exposed = step_ms - compute_ms
+    rec.update(
+        step_ms=step_ms, step_samples_ms=list(step_m.samples_ms),
+        median_ms=step_ms, samples_ms=list(step_m.samples_ms),
+        lookup_ms=lookup_ms, lookup_samples_ms=list(lookup_m.samples_ms),
+        compute_ms=compute_ms, compute_samples_ms=list(compute_m.samples_ms),
+        compute_in_step_ms=_median(in_step), compute_in_step_samples_ms=in_step,
+        compute_region_alone_ms=_median(alone), compute_region_alone_samples_ms=alone,
+        exposed_ms=exposed,
+        timer=getattr(step_m, "timer", "cuda_event" if device.type == "cuda" else "host_monotonic"),
+        stopped_by=getattr(step_m, "stopped_by", None),
+        compute_matmuls=step.compute_matmuls, compute_target_us=case.compute_us,
+        matmul_us=step.matmul_us,
+    )
+    if in_step and alone and _median(alone) > 0:
+        rec["compute_slowdown"] = _median(in_step) / _median(alone) - 1.0
+    else:
+        rec["compute_slowdown"] = None  # no compute (compute_us = 0)
+    rec["overlap_efficiency"] = (min(1.0, max(0.0, 1.0 - exposed / lookup_ms))
+                                 if lookup_ms and lookup_ms > 0 else None)
+    base = resident_baseline.get("step_ms") if isinstance(resident_baseline, dict) else resident_baseline
+    rec["offload_overhead"] = step_ms / base - 1.0 if base else None
+
+    rec["graph_break_cost_ms"] = rec["full_step_ms"] = rec["full_step_samples_ms"] = None
+    if case.graph == "breakable" and not multi:
+        try:
+            step.check_mode("full")
+            check_step(step, sets, table_seed, counts, mode="full")
+            full_m = sample(step.runner("step", "full"), "step_full")
+        except NotImplementedError as exc:
+            rec["graph_break_cost_note"] = str(exc)
+        else:
+            full_ms = full_m.stats()["median_ms"]
+            rec.update(full_step_ms=full_ms, full_step_samples_ms=list(full_m.samples_ms),
+                       graph_break_cost_ms=step_ms - full_ms)
+    return rec
+
+
+def _apply_stream_priority(backend, priority: int, case, device: torch.device) -> None:
+    if device.type != "cuda":
+        raise NotImplementedError("stream_priority needs CUDA (functional mode has no streams)")
+    if not (case.prefetch and getattr(backend, "supports_prefetch", False)):
+        raise NotImplementedError(
+            f"stream_priority sets the prefetch side stream's priority; impl={case.impl} "
+            f"prefetch={case.prefetch} launches no side stream"
+        )
+    current = getattr(backend, "stream_priority", None)
+    if current is None:
+        raise NotImplementedError(f"{type(backend).__name__} has no stream_priority setting")
+    if current != priority:
+        if getattr(backend, "prefetch_stream", None) is not None:
+            raise ValueError(
+                f"the backend's side stream already exists with priority {current}, "
+                f"the case asks for {priority}"
+            )
+        backend.stream_priority = priority
