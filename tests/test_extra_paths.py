@@ -181,6 +181,10 @@ def test_tuned_kernel_widens_words_and_chunks_columns():
     assert fk.block_words(320) == 128  # 3 chunks, 64 of 384 lanes idle
     assert fk.block_words(3) == 4
     for words in (1, 3, 5, 20, 32, 100, 320, 640):
+        assert fk.default_config(words) in fk.candidate_configs(words)
+        for cfg in fk.candidate_configs(words):
+            tile = cfg.rows * fk.block_words(words)
+            assert tile <= cfg.num_warps * 32 * fk.MAX_WORDS_PER_THREAD
         b = fk.block_words(words)
         chunks = -(-words // b)
         assert (chunks * b - words) * 4 <= chunks * b

@@ -38,7 +38,6 @@ from .kernels import (
     get_kernel,
     register_kernel,
     torch_masked_lookup,
-    triton_jit,
 )
 
 # ----------------------------------------------------------------- torch_uva
@@ -61,6 +60,7 @@ AUTOTUNE = os.environ.get("PLE_BENCH_AUTOTUNE", "1") != "0"
 TUNE_MIN_IDS = 1024  # smaller calls use the default config (tuning would cost more than it saves)
 MAX_BLOCK_WORDS = 256
 MAX_TILE_WORDS = 8192
+MAX_WORDS_PER_THREAD = 64  # keeps a tile in registers
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,6 @@ class TunedConfig:
         return f"rows={self.rows} warps={self.num_warps} grid={grid}"
 
 
-DEFAULT_CONFIG = TunedConfig(rows=4, num_warps=4, programs_per_sm=None)
 INTERPRETER_CONFIG = TunedConfig(rows=4, num_warps=1, programs_per_sm=None)
 
 _max_programs: int | None = None
@@ -127,14 +126,31 @@ def sm_count(device: torch.device | str | int | None = None) -> int:
     return _sm_count[index]
 
 
+def default_config(words: int) -> TunedConfig:
+    """The launch shape used untuned (small batches, graph capture, tuning off):
+    4 rows per program, about two words per thread."""
+    tile = 4 * block_words(words)
+    return TunedConfig(rows=4, num_warps=max(1, min(4, tile // 64)), programs_per_sm=None)
+
+
 def tuned_configs() -> dict[str, TunedConfig]:
     """The tuner's winners so far, keyed by a readable description."""
     return {_describe(key): cfg for key, cfg in _tuned.items()}
 
 
-def tuning_times() -> dict[str, dict[str, float]]:
-    """Milliseconds of every candidate the tuner timed, per key."""
-    return {_describe(key): {str(c): t for c, t in times.items()} for key, times in _tuned_times.items()}
+def tuning_report() -> list[dict]:
+    """Per tuned key: the winner, its time, the untuned default's time and the
+    slowest candidate's (milliseconds, medians of 5 launches)."""
+    report = []
+    for key, times in _tuned_times.items():
+        best = _tuned[key]
+        default = default_config(key[3])
+        report.append({
+            "key": _describe(key), "best": str(best), "best_ms": times[best],
+            "default": str(default), "default_ms": times.get(default, float("nan")),
+            "worst_ms": max(times.values()), "candidates": len(times),
+        })
+    return report
 
 
 def clear_tuning() -> None:
@@ -195,9 +211,25 @@ def _build(interpret: bool):
                 tl.store(out_ptr + r[:, None] * WORDS + cols[None, :], vals,
                          mask=in_batch[:, None] & in_row[None, :])
 
-    kernel = triton_jit(ple_lookup_rows_per_program, interpret)
+    kernel = _jit(ple_lookup_rows_per_program, interpret)
     _built[interpret] = kernel
     return kernel
+
+
+def _jit(fn, interpret: bool):
+    """:func:`kernels.triton_jit`, plus: no specialisation on the id count and
+    shard bounds (arguments 5-7), which would only multiply compiles."""
+    import triton
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        return triton.jit(fn, do_not_specialize=[5, 6, 7])
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
 
 
 def _widest_word(row_bytes: int, *tensors: torch.Tensor) -> torch.dtype:
@@ -241,6 +273,8 @@ def candidate_configs(words: int) -> list[TunedConfig]:
         for warps in (1, 2, 4, 8):
             if warps > 1 and warps * 32 > tile:
                 continue  # more threads than words in the tile
+            if tile > warps * 32 * MAX_WORDS_PER_THREAD:
+                continue  # would spill registers
             for per_sm in (None, 8):
                 out.append(TunedConfig(rows, warps, per_sm))
     return out
@@ -312,7 +346,7 @@ def tuned_lookup(
                 if want and n >= TUNE_MIN_IDS and not torch.cuda.is_current_stream_capturing():
                     config = _tune(key, words, launch)
                 else:
-                    config = DEFAULT_CONFIG
+                    config = default_config(words)
     launch(config)
     return config
 
