@@ -51,6 +51,11 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
 
     The synchronous ``lookup`` copies the ids to the host (a blocking sync),
     gathers, and copies the rows back on the current stream.
+
+    Host work cannot be captured in a CUDA graph: this path runs eagerly only
+    (its ``start_prefetch`` / ``finalize`` can be eager breaks of a graph).
+    ``gather_threads`` (default ``min(8, cores)``) splits gathers of 1 MiB and
+    more over a thread pool (``index_select`` releases the GIL).
     """
 
     supports_prefetch = True
@@ -237,7 +242,8 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
 
     Hit rate: hits / ids this rank owns (unowned ids are not this rank's
     lookups).  Counters stay on the device; reading ``last_hit_rate`` or
-    ``stats()`` syncs (read them after ``finalize``).
+    ``stats()`` syncs (read them after ``finalize``).  The device counters also
+    advance in CUDA-graph replays; ``stats()["lookups"]`` counts eager calls only.
     """
 
     supports_prefetch = True
