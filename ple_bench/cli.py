@@ -102,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         results_dir=results_dir, reports_dir=reports_dir, resume=args.resume,
         case_filter=args.case, case_timeout_s=args.case_timeout,
-        progress=not args.no_progress and not quiet and sys.stderr.isatty() or (not args.no_progress and not quiet),
+        progress=not args.no_progress and not quiet,
         report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
         functional_note=note, argv=sys.argv,
     )

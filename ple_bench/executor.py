@@ -7,6 +7,7 @@ A case that cannot run here raises :class:`SkipCase`; a wrong output raises
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -173,9 +174,12 @@ class CaseExecutor:
             backend = self.backend_for(case, topo, groups)
             ids = self.ids_for(case, topo)
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
-            if case.kind == "step":
-                return self._run_step(case, backend, ids, counts, policy, topo)
-            return self._run_lookup(case, backend, ids, counts, policy, topo)
+            if hasattr(backend, "warm_cache"):
+                backend.warm_cache(ids)  # the hot-row cache holds this workload's most frequent rows
+            with _grid_cap(case, backend):
+                if case.kind == "step":
+                    return self._run_step(case, backend, ids, counts, policy, topo)
+                return self._run_lookup(case, backend, ids, counts, policy, topo)
 
     def _lookup_fn(self, case: Case, backend, ids, counts):
         if case.prefetch:
@@ -282,9 +286,12 @@ class CaseExecutor:
         key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
                case.compute_us, case.hidden, case.graph, topo)
         baseline = self.resident_step_ms.get(key)
+        # several id sets, copied into the step's static input in turn: fresh rows each step
+        id_sets = [ids] + [self.ids_for(replace(case, seed=case.seed + 7919 * k), topo) for k in range(1, 8)]
         try:
-            rec = step_mod.run_step_case(case, backend, ids, counts, policy, self.device,
-                                         resident_baseline=baseline)
+            rec = step_mod.run_step_case(replace(case, grid_frac=1.0), backend, id_sets, counts, policy,
+                                         self.device, resident_baseline=baseline,
+                                         table_seed=self.table.seed)
         except NotImplementedError as exc:
             raise SkipCase(str(exc)) from exc
         except step_mod.StepMismatch as exc:
@@ -298,6 +305,29 @@ class CaseExecutor:
         rec.setdefault("bytes_moved", rows * case.row_bytes)
         rec.update(row_bytes=case.row_bytes, table_bytes=case.table_bytes)
         return rec
+
+
+GRID_CAPPED_KERNELS = ("triton_tuned", "dedup_triton", "dedup:triton_tuned")
+
+
+@contextlib.contextmanager
+def _grid_cap(case: Case, backend):
+    """``grid_frac`` < 1 caps the lookup's programs at that share of the SMs
+    (kernels with a grid cap only; the reference launches one program per id)."""
+    if case.grid_frac == 1.0:
+        yield
+        return
+    if backend.kernel_name not in GRID_CAPPED_KERNELS:
+        raise SkipCase(f"grid_frac={case.grid_frac} needs a kernel with a grid cap {GRID_CAPPED_KERNELS}; "
+                       f"{backend.kernel_name} launches one program per id")
+    from .backends import fast_kernels
+
+    previous = fast_kernels.get_max_programs()
+    fast_kernels.set_max_programs(fast_kernels.max_programs_for_grid_frac(case.grid_frac, backend.device))
+    try:
+        yield
+    finally:
+        fast_kernels.set_max_programs(previous)
 
 
 def _lockstep(policy):

@@ -87,7 +87,12 @@ class RunWriter:
         full = {key: None for key in RECORD_KEYS}
         full.update(record)
         line = json.dumps(full, sort_keys=True, default=_json_default)
-        with open(self.records_path, "a", encoding="utf-8") as fh:
+        with open(self.records_path, "a+", encoding="utf-8") as fh:
+            # a run killed mid-write leaves a torn last line: start on a fresh line
+            if fh.tell() > 0:
+                fh.seek(fh.tell() - 1)
+                if fh.read(1) != "\n":
+                    fh.write("\n")
             fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())

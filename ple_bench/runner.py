@@ -167,7 +167,7 @@ class _Progress:
 
     def write(self, text: str) -> None:
         if self.bar is not None:
-            self.bar.write(text)
+            self.bar.write(text, file=sys.stderr)
         else:
             print(text, file=sys.stderr)
 

@@ -1,0 +1,206 @@
+"""The CLI end to end on a CPU-only machine: run, resume, interruption, failure
+isolation, bad suites, list, env, profile --dry-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ple_bench import results
+from ple_bench.results import RECORD_KEYS
+
+ROOT = Path(__file__).resolve().parents[1]
+AXES = ("impl", "vocab_size", "dim", "dtype", "num_heads", "num_tokens", "tp", "etp", "dp", "prefetch",
+        "graph", "ids")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PLE_BENCH_FORCE_CPU"] = "1"
+    return env
+
+
+def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ple_bench", *args], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _only_run(results_dir: Path) -> Path:
+    runs = list(results.iter_run_dirs(results_dir))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+SUITE = """
+[suite]
+description = "test suite"
+[suite.timing]
+warmup_ms = 0
+min_samples = 3
+max_samples = 5
+max_time_s = 0.2
+[defaults]
+vocab_size = 512
+dim = 16
+num_heads = 2
+num_tokens = 4
+[[group]]
+name = "g"
+impl = {impls}
+dtype = {dtypes}
+"""
+
+
+def write_suite(tmp_path: Path, impls, dtypes=("bf16",), name="t") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(SUITE.format(impls=json.dumps(list(impls)), dtypes=json.dumps(list(dtypes))))
+    return path
+
+
+@pytest.mark.slow
+def test_run_smoke_end_to_end(tmp_path):
+    res_dir, rep_dir = tmp_path / "results", tmp_path / "reports"
+    proc = cli("run", "--suite", "smoke", "--results-dir", str(res_dir), "--reports-dir", str(rep_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "functional mode" in proc.stderr
+    run_dir = _only_run(res_dir)
+    meta = results.load_meta(run_dir)
+    for key in ("run_id", "suite", "device", "torch", "triton", "python", "git_commit", "host", "ceilings",
+                "started_at", "ended_at"):
+        assert key in meta, key
+    assert meta["mode"] == "functional" and meta["status"] == "complete"
+    assert meta["ceilings"]["host_memcpy_gbps"] > 0
+    recs = results.load_records(run_dir)
+    from ple_bench.suite import load_suite
+
+    assert {r["case_id"] for r in recs} == {c.case_id for c in load_suite("smoke").cases}
+    statuses = {r["status"] for r in recs}
+    assert statuses <= {"ok", "skipped"}
+    for r in recs:
+        for key in RECORD_KEYS + AXES:
+            assert key in r, (key, r["case_id"])
+        if r["status"] == "ok":
+            assert r["timer"] == "host_monotonic"
+            assert r["median_ms"] > 0 and len(r["samples_ms"]) == r["n_samples"] >= 1
+            assert r["gbps"] > 0 and r["rows_per_s"] > 0 and r["pct_of_ceiling"] > 0
+        else:
+            assert r["reason"]
+    # multi-rank cases really ran on two gloo ranks
+    multi = [r for r in recs if r["tp"] * r["dp"] > 1]
+    assert multi and all(r["status"] == "ok" and len(r["rank_medians_ms"]) == 2 for r in multi)
+    steps = [r for r in recs if r["kind"] == "step" and r["status"] == "ok"]
+    assert steps and all(r["step_ms"] > 0 for r in steps)
+    df = results.load(run_dir)
+    assert len(df) == len(recs)
+    assert (rep_dir / run_dir.name / "index.html").exists()
+
+
+def test_bad_suite_exit_2_and_nothing_runs(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[suite]\ndescription="x"\n[[group]]\nimpl="device"\ndtype="fp7"\n')
+    proc = cli("run", "--suite", str(bad), "--results-dir", str(tmp_path / "res"))
+    assert proc.returncode == 2
+    assert "bad.toml" in proc.stderr and "dtype" in proc.stderr and "fp8" in proc.stderr
+    assert not (tmp_path / "res").exists()
+    proc = cli("run", "--suite", "no_such_suite", "--results-dir", str(tmp_path / "res"))
+    assert proc.returncode == 2 and not (tmp_path / "res").exists()
+
+
+def test_failures_are_isolated_and_recorded(tmp_path):
+    impls = ["device", "tests.plugin_backends:WrongRowsBackend", "tests.plugin_backends:RaisingBackend",
+             "tests.plugin_backends:CrashingBackend", "tests.plugin_backends:NotABackend"]
+    suite = write_suite(tmp_path, impls)
+    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    recs = {r["impl"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
+    assert recs["device"]["status"] == "ok"
+    wrong = recs["tests.plugin_backends:WrongRowsBackend"]
+    assert wrong["status"] == "invalid" and "differ" in wrong["reason"] and wrong["median_ms"] is None
+    raising = recs["tests.plugin_backends:RaisingBackend"]
+    assert raising["status"] == "failed" and "planted failure" in raising["reason"]
+    crash = recs["tests.plugin_backends:CrashingBackend"]
+    assert crash["status"] == "failed" and "died" in crash["reason"]
+    assert recs["tests.plugin_backends:NotABackend"]["status"] == "skipped"
+    assert "PLEEmbedding" in recs["tests.plugin_backends:NotABackend"]["reason"]
+
+
+def test_resume_runs_only_missing_cases(tmp_path):
+    suite = write_suite(tmp_path, ["device"], dtypes=["fp32", "bf16", "fp8"])
+    res = tmp_path / "res"
+    assert cli("run", "--suite", str(suite), "--results-dir", str(res), "--no-report").returncode == 0
+    run_dir = _only_run(res)
+    lines = (run_dir / "records.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    (run_dir / "records.jsonl").write_text(lines[0] + "\n" + lines[1][: len(lines[1]) // 2])  # torn write
+    proc = cli("run", "--resume", str(run_dir), "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 to run" in proc.stderr
+    recs = results.load_records(run_dir)
+    assert len(recs) == 3 and all(r["status"] == "ok" for r in recs)
+    assert json.loads(lines[0]) in recs  # the first record was kept as it was
+
+
+def test_ctrl_c_keeps_results(tmp_path):
+    suite = tmp_path / "slow.toml"
+    suite.write_text(SUITE.format(impls='["device"]', dtypes='["fp32"]').replace(
+        "num_tokens = 4", "num_tokens = [1, 2, 3, 4, 5, 6, 7, 8]").replace("max_time_s = 0.2", "max_time_s = 0.5"))
+    res = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "-m", "ple_bench", "run", "--suite", str(suite), "--results-dir",
+                             str(res), "--no-report"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    records = None
+    while time.monotonic() < deadline:
+        found = list(res.glob("*/records.jsonl"))
+        if found and found[0].read_text().count("\n") >= 1:
+            records = found[0]
+            break
+        time.sleep(0.1)
+    assert records is not None, "no record appeared"
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "--resume" in err
+    run_dir = records.parent
+    assert results.load_meta(run_dir)["status"] == "interrupted"
+    recs = results.load_records(run_dir)
+    assert 1 <= len(recs) < 8 and all(r["status"] == "ok" for r in recs)
+
+
+def test_list_json_and_table():
+    proc = cli("list", "--suite", "smoke", "--json")
+    assert proc.returncode == 0
+    objs = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(objs) > 10 and all("case_id" in o and "impl" in o and "dtype" in o for o in objs)
+    assert len({o["case_id"] for o in objs}) == len(objs)
+    proc = cli("list")
+    assert proc.returncode == 0 and "smoke" in proc.stdout and "default" in proc.stdout
+
+
+def test_env_reports_no_gpu():
+    proc = cli("env")
+    assert proc.returncode == 0
+    assert "GPU" in proc.stdout and "UVA" in proc.stdout and "NVTX" in proc.stdout
+
+
+def test_profile_dry_run_builds_commands():
+    from ple_bench.suite import load_suite
+
+    case = next(c for c in load_suite("smoke").cases if c.impl == "pinned_uva")
+    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "ncu --clock-control none --nvtx --nvtx-include" in proc.stdout
+    assert "--profile-from-start off" in proc.stdout and case.case_id in proc.stdout
+    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run")
+    assert proc.returncode == 0
+    assert "nsys profile" in proc.stdout and "--capture-range cudaProfilerApi" in proc.stdout
+    proc = cli("profile", "--suite", "smoke", "--case", "lookup.*", "--tool", "ncu", "--dry-run")
+    assert proc.returncode == 2 and "exactly one" in proc.stderr
