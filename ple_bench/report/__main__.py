@@ -1,0 +1,24 @@
+"""``python -m ple_bench.report {report,compare} ...``: the report verbs without the main CLI
+(the nightly script uses this so it does not depend on other verbs being installed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .compare import add_compare_args, run_compare
+    from .html import add_report_args, run_report
+
+    parser = argparse.ArgumentParser(prog="python -m ple_bench.report")
+    sub = parser.add_subparsers(dest="verb", required=True)
+    add_report_args(sub.add_parser("report", help="HTML report of a stored run"))
+    add_compare_args(sub.add_parser("compare", help="compare two stored runs"))
+    args = parser.parse_args(argv)
+    return run_report(args) if args.verb == "report" else run_compare(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Reading stored runs for reports, comparisons and exports.
+
+Owns the tolerant view of a run directory (``meta.json`` + ``records.jsonl``):
+missing keys and ``None`` values from older or CPU runs are normal here, never
+an error.  Also the small helpers every report layer shares: the axes that
+describe a case, number formatting, sample lists and grouping records into
+plot series.  Nothing here measures; no torch import.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..results import load_meta, load_records
+
+# Case axes, in the order a person reads them.  ``seed`` and ``extra`` are
+# not varied axes for plotting purposes (extra is shown in the table).
+AXES = (
+    "kind", "impl", "kernel", "vocab_size", "dim", "dtype", "num_heads", "num_tokens",
+    "tp", "etp", "dp", "prefetch", "graph", "ids", "compute_us", "hidden",
+    "stream_priority", "grid_frac", "cache_rows",
+)
+ALL_AXES = AXES + ("seed", "extra")
+
+# Bytes per element when a record lacks row_bytes (old runs); no torch import.
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+STEP_KEYS = (
+    "step_ms", "lookup_ms", "compute_ms", "exposed_ms", "compute_slowdown",
+    "overlap_efficiency", "offload_overhead",
+)
+MULTIRANK_KEYS = ("gather_ms", "reduce_ms", "rank_spread_ms")
+
+
+class BadRunError(Exception):
+    """A path that is not a readable ple_bench run."""
+
+
+@dataclass
+class Run:
+    """One stored run: its directory, meta.json and records."""
+
+    path: Path
+    meta: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.meta.get("run_id") or self.path.name)
+
+    @property
+    def suite(self) -> str:
+        return str(self.meta.get("suite") or "?")
+
+    @property
+    def ok(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("status") == "ok"]
+
+    @property
+    def mode(self) -> str:
+        """gpu | functional; a run whose meta says nothing takes its records' word."""
+        mode = self.meta.get("mode")
+        if mode:
+            return str(mode)
+        modes = {r.get("mode") for r in self.records if r.get("mode")}
+        if modes == {"functional"}:
+            return "functional"
+        return "gpu" if modes else "unknown"
+
+    @property
+    def functional(self) -> bool:
+        return self.mode == "functional"
+
+    @property
+    def ceilings(self) -> dict[str, float]:
+        """Bandwidth ceilings (GB/s): the numeric ``*gbps*`` entries of meta's ceilings."""
+        out = {}
+        for name, value in self._raw_ceilings().items():
+            v = num(value)
+            if "gbps" in str(name) and v is not None and v > 0:
+                out[str(name)] = v
+        return out
+
+    @property
+    def ceiling_notes(self) -> dict[str, Any]:
+        """The other entries of meta's ceilings (rows/s figures, timer, how long they took)."""
+        return {str(k): v for k, v in self._raw_ceilings().items() if str(k) not in self.ceilings}
+
+    def _raw_ceilings(self) -> dict[str, Any]:
+        raw = self.meta.get("ceilings")
+        return raw if isinstance(raw, dict) else {}
+
+    @property
+    def started_at(self) -> str:
+        return str(self.meta.get("started_at") or "")
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Load a run; raises :class:`BadRunError` with a plain reason when it is not one."""
+    path = Path(run_dir)
+    if not path.exists():
+        raise BadRunError(f"{path}: no such run directory")
+    if not path.is_dir():
+        raise BadRunError(f"{path}: not a directory")
+    if not (path / "meta.json").exists():
+        raise BadRunError(f"{path}: not a ple_bench run (no meta.json)")
+    try:
+        meta = load_meta(path)
+        records = load_records(path)
+    except (OSError, ValueError) as exc:
+        raise BadRunError(f"{path}: unreadable run ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise BadRunError(f"{path}: meta.json is not an object")
+    return Run(path=path, meta=meta, records=[normalize(r) for r in records if isinstance(r, dict)])
+
+
+def normalize(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy with derived fields filled where the record lacks them."""
+    r = dict(record)
+    r.setdefault("status", "ok")
+    r.setdefault("case_id", "?")
+    if num(r.get("row_bytes")) is None and num(r.get("dim")) is not None and r.get("dtype") in ELEMENT_BYTES:
+        r["row_bytes"] = int(r["dim"]) * ELEMENT_BYTES[r["dtype"]]
+    if num(r.get("table_bytes")) is None and num(r.get("row_bytes")) is not None and num(r.get("vocab_size")) is not None:
+        r["table_bytes"] = int(r["row_bytes"]) * int(r["vocab_size"])
+    if num(r.get("median_ms")) is None:
+        samples = samples_of(r)
+        if samples:
+            r["median_ms"] = statistics.median(samples)
+        elif num(r.get("step_ms")) is not None:
+            r["median_ms"] = r["step_ms"]
+    return r
+
+
+def num(value: Any) -> float | None:
+    """A finite float, or None (for None, strings, NaN, inf, booleans)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def samples_of(record: dict[str, Any]) -> list[float]:
+    """The raw per-sample times (ms) of a record: ``samples_ms``, else ``step_samples_ms``."""
+    for key in ("samples_ms", "step_samples_ms"):
+        values = record.get(key)
+        if isinstance(values, (list, tuple)) and values:
+            out = [f for f in (num(v) for v in values) if f is not None]
+            if out:
+                return out
+    return []
+
+
+def topology(record: dict[str, Any]) -> tuple[int, int, int]:
+    return (int(num(record.get("tp")) or 1), int(num(record.get("etp")) or 1), int(num(record.get("dp")) or 1))
+
+
+def topology_label(record: dict[str, Any]) -> str:
+    tp, etp, dp = topology(record)
+    return f"tp{tp} etp{etp} dp{dp}"
+
+
+def single_rank(record: dict[str, Any]) -> bool:
+    return topology(record) == (1, 1, 1)
+
+
+def axis_value(record: dict[str, Any], axis: str) -> Any:
+    value = record.get(axis)
+    if isinstance(value, (dict, list)):
+        return repr(value) if value else None
+    return value
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """Human formatting: 4 significant digits, thousands separators, '' for None."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    f = num(value)
+    if f is None:
+        return str(value)
+    if f == 0:
+        return "0"
+    if abs(f) >= 10 ** digits:
+        return f"{f:,.0f}"
+    if abs(f) < 1e-3:
+        return f"{f:.{digits - 1}e}"
+    return f"{f:.{digits}g}"
+
+
+def fmt_bytes(n: Any) -> str:
+    f = num(n)
+    if f is None:
+        return ""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if f >= scale:
+            return f"{f / scale:.3g} {unit}"
+    return f"{f:.0f} B"
+
+
+def describe(record: dict[str, Any], axes: Iterable[str] = ("impl", "dtype")) -> str:
+    """A short plain label of a record on the given axes, e.g. ``pinned_uva fp8``."""
+    parts = []
+    for axis in axes:
+        value = axis_value(record, axis)
+        if value in (None, "", False) and axis != "prefetch":
+            continue
+        if axis == "prefetch":
+            parts.append("prefetch" if value else "no prefetch")
+        elif axis in ("impl", "dtype", "kind", "graph", "ids", "kernel"):
+            parts.append(str(value))
+        elif axis in ("tp", "etp", "dp"):
+            parts.append(f"{axis}{value}")
+        else:
+            parts.append(f"{axis}={fmt(value)}")
+    return " ".join(parts)
+
+
+def varying_axes(records: Sequence[dict[str, Any]], exclude: Iterable[str] = ()) -> list[str]:
+    excluded = set(exclude)
+    out = []
+    for axis in AXES:
+        if axis in excluded:
+            continue
+        if len({_hashable(axis_value(r, axis)) for r in records}) > 1:
+            out.append(axis)
+    return out
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def key_of(record: dict[str, Any], axes: Sequence[str]) -> tuple:
+    return tuple(_hashable(axis_value(record, a)) for a in axes)
+
+
+# Axes that are determined by x (so they do not count as "other" axes of a series).
+_DETERMINED_BY = {
+    "table_bytes": ("vocab_size",),
+    "row_bytes": ("dim",),
+    "topology": ("tp", "etp", "dp"),
+}
+
+
+@dataclass
+class Slice:
+    """Records grouped into series for one plot or one finding."""
+
+    series: dict[tuple, list[dict[str, Any]]]  # label axes values -> records
+    label_axes: list[str]  # axes whose values name a series
+    fixed: dict[str, Any]  # axes pinned to one value to keep the plot readable
+
+    def label(self, key: tuple) -> str:
+        rec = dict(zip(self.label_axes, key))
+        return describe(rec, self.label_axes) or "all"
+
+    def fixed_text(self) -> str:
+        if not self.fixed:
+            return ""
+        return ", ".join(f"{k}={fmt(v) if not isinstance(v, str) else v}" for k, v in self.fixed.items())
+
+
+def slice_series(records: Sequence[dict[str, Any]], x: str, series_axes: Sequence[str],
+                 max_series: int = 8) -> Slice:
+    """Group ``records`` into series along ``x``.
+
+    Every axis that varies (other than ``x``, what ``x`` is made of, and the
+    series axes) also splits series, so that one line never mixes cases that
+    differ in something unnamed.  When that gives more than ``max_series``
+    lines, the other axes are pinned one by one to their most common value
+    (the plot says which)."""
+    records = list(records)
+    exclude = set(series_axes) | {x} | set(_DETERMINED_BY.get(x, ()))
+    others = varying_axes(records, exclude=exclude)
+    series_axes = [a for a in series_axes if a in AXES]
+    fixed: dict[str, Any] = {}
+    while True:
+        label_axes = list(series_axes) + others
+        groups: dict[tuple, list[dict[str, Any]]] = {}
+        for r in records:
+            groups.setdefault(key_of(r, label_axes), []).append(r)
+        if len(groups) <= max_series or not others:
+            return Slice(series=groups, label_axes=label_axes, fixed=fixed)
+        # Pin the axis with the fewest distinct values to its most common value
+        # (ties: the largest value, usually the most realistic size).
+        others.sort(key=lambda a: len({_hashable(axis_value(r, a)) for r in records}))
+        axis = others.pop(0)
+        counts = Counter(_hashable(axis_value(r, axis)) for r in records)
+        best = max(counts.items(), key=lambda kv: (kv[1], _sort_key(kv[0])))[0]
+        fixed[axis] = best
+        records = [r for r in records if _hashable(axis_value(r, axis)) == best]
+
+
+def _sort_key(value: Any) -> tuple:
+    f = num(value)
+    return (0, f, "") if f is not None else (1, 0.0, str(value))
+
+
+def x_value(record: dict[str, Any], x: str) -> Any:
+    if x == "topology":
+        return topology_label(record)
+    return record.get(x)
+
+
+def points(records: Sequence[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:
+    """(x, median y) pairs sorted by x; several records at one x give their median."""
+    by_x: dict[float, list[float]] = {}
+    for r in records:
+        xv, yv = num(x_value(r, x)), num(r.get(y))
+        if xv is None or yv is None:
+            continue
+        by_x.setdefault(xv, []).append(yv)
+    return [(xv, statistics.median(ys)) for xv, ys in sorted(by_x.items())]
+
+
+def pairs(records: Sequence[dict[str, Any]], axis: str) -> list[dict[Any, dict[str, Any]]]:
+    """Records that differ only in ``axis`` (and what it determines), as
+    ``{axis value: record}`` groups with at least two members."""
+    ignore = {axis, "seed"} | set(_DETERMINED_BY.get(axis, ()))
+    if axis == "dtype":
+        ignore |= {"row_bytes", "table_bytes"}
+    rest = [a for a in AXES if a not in ignore]
+    groups: dict[tuple, dict[Any, dict[str, Any]]] = {}
+    for r in records:
+        value = x_value(r, axis) if axis == "topology" else _hashable(axis_value(r, axis))
+        groups.setdefault(key_of(r, rest), {})[value] = r
+    return [g for g in groups.values() if len(g) >= 2]
+
+
+def status_counts(records: Sequence[dict[str, Any]]) -> dict[str, int]:
+    counts = Counter(str(r.get("status")) for r in records)
+    return {s: counts.get(s, 0) for s in ("ok", "skipped", "failed", "invalid")} | {
+        s: c for s, c in counts.items() if s not in ("ok", "skipped", "failed", "invalid")
+    }
+
+
+def run_order_key(run: Run) -> tuple:
+    return (run.started_at or "", run.run_id)

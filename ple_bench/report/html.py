@@ -1,0 +1,383 @@
+"""The HTML report of one run: ``reports/<run_id>/index.html``.
+
+Built from the stored records alone (never measures): run metadata and
+ceilings, findings in plain words, inline PNG plots, an optional trend over
+earlier runs, the full sortable/filterable record table and the cases that
+were not measured with their reasons.  The page is self-contained (CSS, JS and
+images inline) and opens from disk with no network.
+
+CLI: ``python -m ple_bench report RUN_DIR [--reports-dir DIR] [--history RUN_DIR ...]
+[--history-last N]`` through :func:`add_report_args` / :func:`run_report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import __version__
+from .data import (
+    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
+    topology_label,
+)
+from .findings import findings, pct_of_ceiling
+
+TEMPLATES = Path(__file__).with_name("templates")
+STATUS_ORDER = ("ok", "skipped", "failed", "invalid")
+
+
+def _env():
+    import jinja2  # imported here: the CLI imports this module just to build its parser
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=jinja2.select_autoescape(["html"]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_page(template: str, **context: Any) -> str:
+    """Render one of our templates with the shared CSS/JS inlined."""
+    css = (TEMPLATES / "style.css").read_text(encoding="utf-8")
+    js = (TEMPLATES / "table.js").read_text(encoding="utf-8")
+    if "</script" in js.lower() or "</style" in css.lower():
+        raise ValueError("inline JS/CSS must not close its own tag")
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _env().get_template(template).render(css=css, js=js, version=__version__, generated_at=now,
+                                                 **context)
+
+
+# ---------------------------------------------------------------- table model
+
+@dataclass
+class Column:
+    key: str
+    header: str
+    type: str = "num"  # num | text
+    help: str = ""
+    getter: Any = None  # record -> raw value (default: record[key])
+    formatter: Any = None  # raw -> text
+    cls: str = ""
+
+    def raw(self, record: dict[str, Any]) -> Any:
+        return self.getter(record) if self.getter else record.get(self.key)
+
+    def cell(self, record: dict[str, Any]) -> dict[str, Any]:
+        value = self.raw(record)
+        if isinstance(value, (list, dict, tuple)):
+            value = ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+        text = self.formatter(value) if self.formatter else fmt(value)
+        if self.type == "num":
+            v = num(value)
+            return {"text": text, "v": None if v is None else repr(v), "cls": ("num " + self.cls).strip()}
+        return {"text": text, "v": None, "cls": self.cls}
+
+
+def _status_cell(record: dict[str, Any]) -> dict[str, Any]:
+    return {"text": str(record.get("status")), "v": None, "cls": f"status status-{record.get('status')}"}
+
+
+def record_columns(records: Sequence[dict[str, Any]]) -> list[Column]:
+    """The record table's columns; a column that is empty for every record is left out."""
+    cols = [
+        Column("status", "status", "text"),
+        Column("case_id", "case", "text"),
+        Column("kind", "kind", "text"),
+        Column("impl", "backend", "text"),
+        Column("dtype", "dtype", "text"),
+        Column("table_bytes", "table", formatter=fmt_bytes),
+        Column("num_tokens", "tokens"),
+        Column("topology", "topology", "text", getter=topology_label),
+        Column("prefetch", "prefetch", "text"),
+        Column("compute_us", "compute µs"),
+        Column("median_ms", "median ms", help="median of the samples"),
+        Column("p10_ms", "p10 ms"),
+        Column("p90_ms", "p90 ms"),
+        Column("cv", "CV", help="coefficient of variation of the samples"),
+        Column("gbps", "GB/s"),
+        Column("pct_of_ceiling", "% of ceiling", getter=pct_of_ceiling),
+        Column("ceiling", "ceiling", "text"),
+        Column("pct_of_random_row_ceiling", "% of random-row ceiling"),
+        Column("rows_per_s", "rows/s"),
+        Column("step_ms", "step ms"),
+        Column("lookup_ms", "lookup ms"),
+        Column("compute_ms", "compute ms"),
+        Column("exposed_ms", "exposed ms"),
+        Column("overlap_efficiency", "overlap eff."),
+        Column("compute_slowdown", "compute slowdown"),
+        Column("offload_overhead", "offload overhead"),
+        Column("graph_break_cost_ms", "graph break cost ms"),
+        Column("gather_ms", "gather ms"),
+        Column("reduce_ms", "reduce ms"),
+        Column("rank_spread_ms", "rank spread ms"),
+        Column("hot_median_ms", "hot ms", help="warm-L2 median"),
+        Column("graph_median_ms", "graph ms", help="CUDA-graph replay median"),
+        Column("n_samples", "samples", getter=lambda r: r.get("n_samples") if r.get("n_samples") is not None
+               else (len(r["samples_ms"]) if isinstance(r.get("samples_ms"), list) and r["samples_ms"] else None)),
+        Column("throttled_samples", "throttled"),
+        Column("kernel", "kernel", "text"),
+        Column("vocab_size", "rows in table"),
+        Column("dim", "dim"),
+        Column("row_bytes", "row B"),
+        Column("num_heads", "heads"),
+        Column("graph", "graph", "text"),
+        Column("ids", "ids", "text"),
+        Column("cache_rows", "cache rows"),
+        Column("grid_frac", "grid frac"),
+        Column("stream_priority", "stream prio"),
+        Column("hidden", "hidden"),
+        Column("seed", "seed"),
+        Column("extra", "extra", "text"),
+        Column("timer", "timer", "text"),
+        Column("reason", "reason", "text", cls="wrap"),
+    ]
+    always = {"status", "case_id"}
+
+    def present(c: Column) -> bool:
+        for r in records:
+            v = c.raw(r)
+            if v not in (None, "", {}, [], ()):
+                return True
+        return False
+
+    return [c for c in cols if c.key in always or present(c)]
+
+
+def table_rows(columns: Sequence[Column], records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for r in records:
+        cells = [_status_cell(r) if c.key == "status" else c.cell(r) for c in columns]
+        rows.append({"status": str(r.get("status")), "cells": cells})
+    return rows
+
+
+def _sorted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    def key(r: dict[str, Any]) -> tuple:
+        s = str(r.get("status"))
+        return (STATUS_ORDER.index(s) if s in STATUS_ORDER else 9, str(r.get("kind")), str(r.get("impl")),
+                str(r.get("case_id")))
+    return sorted(records, key=key)
+
+
+# ----------------------------------------------------------------- metadata
+
+def meta_rows(run: Run) -> list[tuple[str, str]]:
+    m = run.meta
+    device = m.get("device") if isinstance(m.get("device"), dict) else {"name": m.get("device")}
+    rows: list[tuple[str, str]] = [
+        ("run id", run.run_id), ("suite", run.suite), ("status", str(m.get("status") or "unknown")),
+        ("mode", run.mode), ("timer", str(m.get("timer") or _record_value(run, "timer") or "unknown")),
+    ]
+    for key, value in sorted((device or {}).items(), key=lambda kv: (kv[0] != "name", kv[0])):
+        if value is None:
+            continue
+        label = "device" if key == "name" else f"device {key.replace('_', ' ')}"
+        rows.append((label, fmt_bytes(value) if key.endswith("bytes") else str(value)))
+    for key in ("torch", "triton", "python", "git_commit", "host", "started_at", "ended_at"):
+        value = m.get(key)
+        if value in (None, "", {}):
+            continue
+        if isinstance(value, dict):
+            value = ", ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, ""))
+        rows.append((key.replace("_", " "), str(value)))
+    if m.get("argv"):
+        argv = m["argv"]
+        rows.append(("command", " ".join(map(str, argv)) if isinstance(argv, list) else str(argv)))
+    known = {"run_id", "suite", "status", "mode", "timer", "device", "torch", "triton", "python", "git_commit",
+             "host", "started_at", "ended_at", "argv", "ceilings"}
+    for key in sorted(set(m) - known):
+        value = m[key]
+        if value in (None, "", {}, []):
+            continue
+        rows.append((key.replace("_", " "), value if isinstance(value, str) else _short_json(value)))
+    return rows
+
+
+def _short_json(value: Any) -> str:
+    import json
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _record_value(run: Run, key: str) -> Any:
+    values = {r.get(key) for r in run.records if r.get(key)}
+    return ", ".join(sorted(map(str, values))) if values else None
+
+
+def _device_name(run: Run) -> str:
+    device = run.meta.get("device")
+    if isinstance(device, dict):
+        return str(device.get("name") or "unknown device")
+    return str(device or "unknown device")
+
+
+# -------------------------------------------------------------------- trend
+
+@dataclass
+class Trend:
+    runs: list[Run]
+    plot: Any
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+    skipped: list[str] = field(default_factory=list)
+
+
+def key_cases(runs: Sequence[Run], current: Run, limit: int = 8) -> list[str]:
+    """Cases of the current run seen ok in at least one other run: one per
+    (kind, backend, dtype, prefetch), the largest table first, then others."""
+    seen: dict[str, int] = {}
+    for run in runs:
+        for r in run.ok:
+            seen[r["case_id"]] = seen.get(r["case_id"], 0) + 1
+    candidates = [r for r in current.ok if seen.get(r["case_id"], 0) >= 2 and num(r.get("median_ms"))]
+    candidates.sort(key=lambda r: (-seen[r["case_id"]], -(num(r.get("table_bytes")) or 0),
+                                   -(num(r.get("num_tokens")) or 0), r["case_id"]))
+    chosen, groups = [], set()
+    for r in candidates:
+        g = (r.get("kind"), r.get("impl"), r.get("dtype"), bool(r.get("prefetch")), topology_label(r))
+        if g not in groups:
+            groups.add(g)
+            chosen.append(r["case_id"])
+    for r in candidates:
+        if r["case_id"] not in chosen:
+            chosen.append(r["case_id"])
+    return chosen[:limit]
+
+
+def build_trend(current: Run, history_dirs: Sequence[str | Path]) -> Trend | None:
+    runs: dict[str, Run] = {current.run_id: current}
+    skipped = []
+    for d in history_dirs:
+        try:
+            run = load_run(d)
+        except BadRunError as exc:
+            skipped.append(str(exc))
+            continue
+        runs.setdefault(run.run_id, run)
+    ordered = sorted(runs.values(), key=run_order_key)
+    if len(ordered) < 2:
+        return None
+    cases = key_cases(ordered, current)
+    columns = [Column("case_id", "case", "text")]
+    for i, run in enumerate(ordered):
+        columns.append(Column(f"run{i}", run.run_id, help=f"median ms, {run.started_at}"))
+    columns.append(Column("change", "last vs previous", formatter=lambda v: "" if v is None else f"{v:+.1f}%"))
+    rows = []
+    for cid in cases:
+        rec: dict[str, Any] = {"case_id": cid, "status": None}
+        values = []
+        for i, run in enumerate(ordered):
+            r = next((x for x in run.ok if x.get("case_id") == cid), None)
+            rec[f"run{i}"] = num(r.get("median_ms")) if r else None
+            if rec[f"run{i}"] is not None:
+                values.append(rec[f"run{i}"])
+        rec["change"] = (values[-1] / values[-2] - 1) * 100 if len(values) >= 2 and values[-2] else None
+        rows.append({"status": "", "cells": [c.cell(rec) for c in columns]})
+    from .plots import plot_trend
+
+    return Trend(runs=ordered, plot=plot_trend(ordered, cases), columns=columns, rows=rows, skipped=skipped)
+
+
+# ------------------------------------------------------------------- report
+
+def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
+                 history_dirs: Sequence[str | Path] | None = None) -> Path:
+    """Write ``<reports_dir>/<run_id>/index.html`` for a stored run; returns its path."""
+    from .plots import make_plots
+
+    run = load_run(run_dir)
+    records = _sorted_records(run.records)
+    columns = record_columns(records)
+    not_measured = [r for r in records if r.get("status") != "ok"]
+    nm_columns = [c for c in record_columns(not_measured)
+                  if c.key in ("status", "case_id", "kind", "impl", "kernel", "dtype", "vocab_size", "dim",
+                               "num_tokens", "topology", "prefetch", "graph", "ids", "reason")]
+    counts = status_counts(run.records)
+    ceilings = [(name, fmt(value) + " GB/s") for name, value in sorted(run.ceilings.items())]
+    ceilings += [(name, fmt(value)) for name, value in sorted(run.ceiling_notes.items())]
+    trend = build_trend(run, history_dirs) if history_dirs else None
+    html = render_page(
+        "report.html",
+        run=run, device_name=_device_name(run), timer=run.meta.get("timer") or _record_value(run, "timer") or "?",
+        counts=counts, n_records=len(records), run_status=str(run.meta.get("status") or "unknown"),
+        findings=findings(run), meta_rows=meta_rows(run), ceilings=ceilings, plots=make_plots(run),
+        trend=trend, columns=columns, rows=table_rows(columns, records),
+        statuses=[s for s in counts if counts[s]],
+        not_measured=not_measured, nm_columns=nm_columns, nm_rows=table_rows(nm_columns, not_measured),
+        nm_statuses=[s for s in ("skipped", "failed", "invalid") if counts.get(s)],
+    )
+    out_dir = Path(reports_dir) / _safe_name(run.run_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "index.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in name) or "run"
+
+
+def history_runs(run_dir: str | Path, last: int) -> list[Path]:
+    """The ``last`` runs of the same suite stored beside ``run_dir`` (excluding it), oldest first."""
+    run_dir = Path(run_dir)
+    try:
+        suite = load_run(run_dir).suite
+    except BadRunError:
+        return []
+    found, seen = [], {run_dir.resolve()}
+    for p in sorted(run_dir.resolve().parent.iterdir()):
+        real = p.resolve()  # a baseline symlink is the run it points at
+        if real in seen or not (p / "meta.json").is_file():
+            continue
+        seen.add(real)
+        try:
+            run = load_run(real)
+        except BadRunError:
+            continue
+        if run.suite == suite:
+            found.append(run)
+    found.sort(key=run_order_key)
+    return [r.path for r in found[-last:]] if last > 0 else []
+
+
+# ---------------------------------------------------------------------- CLI
+
+def add_report_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("run_dir", help="a stored run: results/<run_id>")
+    parser.add_argument("--reports-dir", default="reports", help="where reports go (default: reports)")
+    parser.add_argument("--history", nargs="*", default=[], metavar="RUN_DIR",
+                        help="earlier runs for the trend section")
+    parser.add_argument("--history-last", type=int, default=0, metavar="N",
+                        help="also take the last N runs of the same suite stored beside RUN_DIR")
+    return parser
+
+
+def run_report(args: argparse.Namespace) -> int:
+    history = [Path(p) for p in (args.history or [])]
+    if getattr(args, "history_last", 0):
+        history += [p for p in history_runs(args.run_dir, args.history_last) if p not in history]
+    try:
+        path = build_report(args.run_dir, args.reports_dir, history or None)
+    except BadRunError as exc:
+        print(f"ple_bench report: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def report_main(argv: Sequence[str] | None = None) -> int:
+    parser = add_report_args(argparse.ArgumentParser(prog="ple_bench report",
+                                                     description="HTML report of a stored run"))
+    return run_report(parser.parse_args(argv))
+
+
+__all__ = ["build_report", "add_report_args", "run_report", "report_main", "render_page", "ALL_AXES"]

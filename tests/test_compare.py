@@ -1,0 +1,206 @@
+"""Regression compare: threshold AND Mann-Whitney significance, exit codes,
+unmatched cases, HTML diff, and the nightly script end to end."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scipy.stats import mannwhitneyu
+
+from ._fake_runs import write_gpu_run
+from ple_bench.case import Case
+from ple_bench.report.compare import compare_case, compare_main, compare_runs
+from ple_bench.results import load_records
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = Case(impl="pinned_uva", dtype="fp8", dim=160, vocab_size=1 << 24, num_heads=16, num_tokens=1024)
+OTHER = Case(impl="device", dtype="bf16", dim=160, vocab_size=1 << 20, num_heads=16, num_tokens=1024)
+
+
+def lookups(case: Case) -> bool:  # a small, fast subset of the fake suite
+    return case.kind == "lookup" and case.num_tokens == 1024 and case.dim == 160 and case.world_size == 1
+
+
+def slower(case_id: str, by: float):
+    return lambda case: by if case.case_id == case_id else 1.0
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    err = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        code = compare_main(list(args))
+    return code, buf.getvalue() + err.getvalue()
+
+
+def test_run_against_itself_passes(tmp_path):
+    run = write_gpu_run(tmp_path / "results", "base", seed=1, only=lookups)
+    result = compare_runs(run, run)
+    assert result.cases and not result.regressions and not result.improvements
+    assert {c.verdict for c in result.cases} == {"same"}
+    assert all(c.change_pct == 0 and c.p_value == 1.0 for c in result.cases)
+    code, out = run_cli(str(run), str(run), "--reports-dir", str(tmp_path / "reports"))
+    assert code == 0 and "PASS" in out
+
+
+def test_planted_regression_is_found_and_named(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=1, only=lookups)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=2, only=lookups, factor=slower(TARGET.case_id, 1.2))
+    result = compare_runs(base, cand)
+    assert [c.case_id for c in result.regressions] == [TARGET.case_id]
+    reg = result.regressions[0]
+    assert 15 < reg.change_pct < 25 and reg.p_value < 0.01 and reg.n_baseline == reg.n_candidate == 30
+    # Everything else (2% noise, different seeds) is not called.
+    assert {c.verdict for c in result.cases if c.case_id != TARGET.case_id} == {"same"}
+    reports = tmp_path / "reports"
+    code, out = run_cli(str(base), str(cand), "--reports-dir", str(reports))
+    assert code == 1
+    line = next(l for l in out.splitlines() if TARGET.case_id in l)
+    assert line.startswith("regression") and "+" in line
+    assert "FAIL" in out
+    html = (reports / "compare-base-vs-cand.html").read_text()
+    assert TARGET.case_id in html and "verdict-regression" in html
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html)
+
+
+def test_improvement_does_not_fail(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=1, only=lookups)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=2, only=lookups, factor=slower(OTHER.case_id, 0.8))
+    result = compare_runs(base, cand)
+    assert [c.case_id for c in result.improvements] == [OTHER.case_id] and not result.regressions
+    assert result.exit_code == 0
+
+
+def test_noisy_few_samples_are_not_called(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=3, only=lookups, n_samples=6, noise_cv=0.5)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=4, only=lookups, n_samples=6, noise_cv=0.5,
+                         factor=lambda c: 1.2)
+    result = compare_runs(base, cand)
+    assert not result.regressions and not result.improvements
+    # Changes beyond the threshold exist, but none is significant at 6 samples with 50% noise.
+    assert any(c.verdict == "noisy" for c in result.cases)
+    assert result.exit_code == 0
+    # Below MIN_SAMPLES even a 50% slowdown is "insufficient", never a regression.
+    base3 = write_gpu_run(tmp_path / "results", "base3", seed=5, only=lookups, n_samples=3, noise_cv=0.01)
+    cand3 = write_gpu_run(tmp_path / "results", "cand3", seed=6, only=lookups, n_samples=3, noise_cv=0.01,
+                          factor=lambda c: 1.5)
+    result = compare_runs(base3, cand3)
+    assert {c.verdict for c in result.cases} == {"insufficient"} and result.exit_code == 0
+
+
+def test_threshold_is_respected(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=7, only=lookups, noise_cv=0.005)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=8, only=lookups, noise_cv=0.005,
+                         factor=slower(TARGET.case_id, 1.08))
+    assert [c.case_id for c in compare_runs(base, cand, threshold_pct=5).regressions] == [TARGET.case_id]
+    strict = compare_runs(base, cand, threshold_pct=10)
+    assert not strict.regressions and strict.exit_code == 0
+    target = next(c for c in strict.cases if c.case_id == TARGET.case_id)
+    assert target.verdict == "same" and target.p_value < 0.01  # significant, yet under the threshold
+    code, _ = run_cli(str(base), str(cand), "--threshold", "10", "--reports-dir", str(tmp_path / "r"))
+    assert code == 0
+    code, _ = run_cli(str(base), str(cand), "--threshold", "5", "--reports-dir", str(tmp_path / "r"))
+    assert code == 1
+
+
+def test_alpha_is_respected(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=9, only=lookups, n_samples=8, noise_cv=0.05)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=10, only=lookups, n_samples=8, noise_cv=0.05,
+                         factor=slower(TARGET.case_id, 1.12))
+    loose = next(c for c in compare_runs(base, cand, alpha=0.05).cases if c.case_id == TARGET.case_id)
+    assert loose.change_pct > 5 and 1e-4 < loose.p_value < 0.05 and loose.verdict == "regression"
+    strict = next(c for c in compare_runs(base, cand, alpha=1e-4).cases if c.case_id == TARGET.case_id)
+    assert strict.verdict == "noisy" and strict.p_value == loose.p_value
+
+
+def test_p_value_is_scipys_mann_whitney(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=11, only=lookups, n_samples=12, noise_cv=0.1)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=12, only=lookups, n_samples=12, noise_cv=0.1,
+                         factor=lambda c: 1.1)
+    b = {r["case_id"]: r for r in load_records(base)}
+    c = {r["case_id"]: r for r in load_records(cand)}
+    cid = TARGET.case_id
+    got = compare_case(b[cid], c[cid], 5.0, 0.01)
+    assert got.p_value == pytest.approx(mannwhitneyu(b[cid]["samples_ms"], c[cid]["samples_ms"],
+                                                     alternative="two-sided").pvalue)
+    assert got.change_pct == pytest.approx((c[cid]["median_ms"] / b[cid]["median_ms"] - 1) * 100)
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    run = write_gpu_run(tmp_path / "results", "base", seed=1, only=lookups)
+    code, out = run_cli(str(tmp_path / "missing"), str(run))
+    assert code == 2 and "no such run directory" in out
+    (tmp_path / "no-meta").mkdir()
+    code, out = run_cli(str(run), str(tmp_path / "no-meta"))
+    assert code == 2 and "no meta.json" in out
+    # Different suites with nothing in common is not a pass.
+    other = write_gpu_run(tmp_path / "results", "other", seed=2, suite="other", include_broken=False,
+                          only=lambda c: c.kind == "step")
+    code, out = run_cli(str(run), str(other), "--reports-dir", str(tmp_path / "reports"))
+    assert code == 2 and "nothing in common is not a pass" in out
+    result = compare_runs(run, other)
+    assert result.only_in_baseline and result.only_in_candidate and not result.cases
+
+
+def test_unmatched_and_broken_cases(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=1, only=lookups, include_broken=False)
+    cand_only = lambda c: lookups(c) and c.case_id != OTHER.case_id  # noqa: E731
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=1, only=cand_only, include_broken=False)
+    result = compare_runs(base, cand)
+    assert result.only_in_baseline == [OTHER.case_id] and result.only_in_candidate == []
+    assert result.exit_code == 0  # a case that went missing is listed, not failed
+    # A case that was measured and now fails is "broken": the gate fails.
+    from ple_bench.results import RunWriter
+
+    RunWriter(cand).append({"case_id": TARGET.case_id, "status": "failed", "reason": "CUDA error: misaligned"})
+    result = compare_runs(base, cand)
+    assert [b["case_id"] for b in result.broken] == [TARGET.case_id] and result.exit_code == 1
+    code, out = run_cli(str(base), str(cand), "--reports-dir", str(tmp_path / "reports"))
+    assert code == 1 and "broken" in out and "misaligned" in out
+
+
+@pytest.mark.slow
+def test_nightly_script_end_to_end(tmp_path):
+    """scripts/nightly.sh with a stand-in run command: no baseline, start one, then a regression."""
+    maker = tmp_path / "fake_run.py"
+    maker.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests._fake_runs import write_gpu_run\n"
+        f"from tests.test_compare import lookups, slower, TARGET\n"
+        "n = int(os.environ['NIGHT'])\n"
+        "factor = slower(TARGET.case_id, 1.2) if n == 3 else None\n"
+        "write_gpu_run(os.environ['PLE_BENCH_RESULTS'], f'2026113{n}-020000-nightly-000{n}', seed=n,\n"
+        "              only=lookups, include_broken=False, factor=factor,\n"
+        "              started_at=f'2026-11-3{n}T02:00:00+00:00')\n")
+    env = dict(os.environ, PLE_BENCH_PYTHON=sys.executable, PLE_BENCH_RESULTS=str(tmp_path / "results"),
+               PLE_BENCH_REPORTS=str(tmp_path / "reports"), PLE_BENCH_RUN_CMD=f"{sys.executable} {maker}",
+               PYTHONPATH=str(REPO))
+
+    def night(n: int, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(REPO / "scripts" / "nightly.sh")], env=dict(env, NIGHT=str(n), **extra),
+                              capture_output=True, text=True, timeout=300)
+
+    first = night(1)
+    assert first.returncode == 2 and "no baseline" in first.stderr
+    # A later night: the baseline is started from it; then a night with a planted regression.
+    second = night(2, PLE_BENCH_INIT_BASELINE="1")
+    assert second.returncode == 0, second.stderr
+    baseline = tmp_path / "results" / "baseline"
+    assert baseline.is_symlink() and baseline.resolve().name == "20261132-020000-nightly-0002"
+    third = night(3)
+    assert third.returncode == 1, third.stdout + third.stderr
+    assert re.search(rf"^regression .*{re.escape(TARGET.case_id)}$", third.stdout, re.M)
+    new = tmp_path / "results" / "20261133-020000-nightly-0003"
+    assert (new / "pytest-benchmark.json").exists()
+    report = (tmp_path / "reports" / new.name / "index.html").read_text()
+    assert "Trend over 3 runs" in report  # nights 1-3; the baseline symlink is not counted twice
+    assert (tmp_path / "reports" / f"compare-20261132-020000-nightly-0002-vs-{new.name}.html").exists()

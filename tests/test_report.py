@@ -1,0 +1,279 @@
+"""HTML report of stored runs: sections, inline images, no network, findings
+that follow the data, tolerance of old/CPU runs, trend over history, CLI."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ._fake_runs import BROKEN_REASONS, gpu_cases, write_cpu_run, write_gpu_run, write_run
+from ple_bench.case import Case
+from ple_bench.report import build_report, report_main
+from ple_bench.report.data import Run, slice_series
+from ple_bench.report.findings import findings
+from ple_bench.results import load_records
+
+EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
+
+
+@pytest.fixture(scope="module")
+def gpu_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    run_dir = write_gpu_run(root / "results")
+    path = build_report(run_dir, root / "reports")
+    return run_dir, path, path.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def cpu_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpu")
+    run_dir = write_cpu_run(root / "results")
+    path = build_report(run_dir, root / "reports")
+    return run_dir, path, path.read_text(encoding="utf-8")
+
+
+def images(html: str) -> list[bytes]:
+    srcs = re.findall(r'<img[^>]*\ssrc="([^"]*)"', html)
+    out = []
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        out.append(base64.b64decode(src.split(",", 1)[1], validate=True))
+    return out
+
+
+def section(html: str, element_id: str) -> str:
+    start = html.index(f'id="{element_id}"')
+    end = html.find("</section>", start)
+    return html[start:end]
+
+
+def table_rows(html: str, table_id: str) -> list[str]:
+    start = html.index(f'<table class="data sortable" id="{table_id}">')
+    body = html[start:html.index("</table>", start)]
+    return re.findall(r"<tr[^>]*>.*?</tr>", body.split("<tbody>", 1)[1], re.S)
+
+
+def test_gpu_report_is_where_it_belongs_and_self_contained(gpu_report):
+    run_dir, path, html = gpu_report
+    assert path.name == "index.html" and path.parent.name == run_dir.name
+    assert not EXTERNAL.search(html), EXTERNAL.search(html).group(0)
+    assert "<link" not in html and "@import" not in html and "url(" not in html
+    pngs = images(html)
+    # throughput vs table size, vs row size, latency vs tokens, step overlap, topology
+    assert len(pngs) == 5
+    for png in pngs:
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    for element_id in ("findings", "run", "meta", "ceilings", "plots", "records-table", "not-measured-table"):
+        assert f'id="{element_id}"' in html, element_id
+
+
+def test_gpu_report_holds_every_record_and_the_metadata(gpu_report):
+    run_dir, _, html = gpu_report
+    records = load_records(run_dir)
+    rows = table_rows(html, "records-table")
+    assert len(rows) == len(records)
+    for rec in records:
+        assert rec["case_id"] in html
+    statuses = [re.search(r'data-status="(\w+)"', r).group(1) for r in rows]
+    assert sorted(statuses) == sorted(r["status"] for r in records)
+    meta = section(html, "run")
+    for text in ("NVIDIA H200", "580.95.05", "2.11.0+cu130", "0123456789abcdef", "h200-node-1",
+                 "d2d_gbps", "4186", "h2d_gbps", "55.2", "pinned_random_row_gbps"):
+        assert text in meta, text
+    # Only GB/s figures are ceilings; the other facts stored beside them get no unit.
+    assert "<th>ceilings_seconds</th><td>3.1</td>" in meta
+    assert "<th>d2d_gbps</th><td>4186 GB/s</td>" in meta
+    assert "3.1 GB/s" not in html and "cpu_count: 16" in meta
+    # Numbers in the table carry their raw value for sorting.
+    ok = next(r for r in records if r["status"] == "ok" and r["kind"] == "lookup")
+    row = next(r for r in rows if ok["case_id"] in r)
+    assert f'data-v="{ok["median_ms"]!r}"' in row
+
+
+def test_not_measured_section_lists_reasons_escaped(gpu_report):
+    _, _, html = gpu_report
+    nm = table_rows(html, "not-measured-table")
+    assert len(nm) == 3
+    text = "".join(nm)
+    assert BROKEN_REASONS["skipped"] in text
+    assert BROKEN_REASONS["invalid"] in text
+    # The failure reason contains markup characters: escaped, never raw.
+    assert "&lt;bad &amp; &#39;quoted&#39;&gt;" in text or "&lt;bad &amp; &#x27;quoted&#x27;&gt;" in text
+    assert "<bad &" not in html
+    for case in gpu_cases()["broken"]:
+        assert case.case_id in text
+
+
+def test_gpu_findings_follow_the_data(gpu_report):
+    run_dir, _, html = gpu_report
+    records = [r for r in load_records(run_dir) if r["status"] == "ok"]
+    found = section(html, "findings")
+    # Best % of ceiling of pinned_uva single-GPU lookups, recomputed here.
+    pinned = [r for r in records if r["impl"] == "pinned_uva" and r["kind"] == "lookup"
+              and (r["tp"], r["etp"], r["dp"]) == (1, 1, 1)]
+    best = max(pinned, key=lambda r: r["gbps"] / r["ceiling_gbps"])
+    pct = 100 * best["gbps"] / best["ceiling_gbps"]
+    assert f"pinned_uva reaches at best {pct:.0f}% of the h2d_gbps ceiling" in found
+    assert f"{best['row_bytes']} B rows" in found
+    device = [r for r in records if r["impl"] == "device" and r["kind"] == "lookup"
+              and (r["tp"], r["etp"], r["dp"]) == (1, 1, 1)]
+    dbest = max(device, key=lambda r: r["gbps"] / r["ceiling_gbps"])
+    assert f"device reaches at best {100 * dbest['gbps'] / dbest['ceiling_gbps']:.0f}% of the d2d_gbps" in found
+    # Prefetch: in the fake model it pays once there is compute to hide behind, costs at compute_us=0.
+    assert "pinned_uva decode steps: prefetch pays at compute_us = 50, 200" in found
+    assert "costs time at compute_us = 0" in found
+    assert "1 skipped, 1 failed, 1 invalid" in found
+    assert "at tp1 etp2 dp2 a lookup takes" in found
+    assert "slows the main-stream compute by at most 4.0%" in found
+    assert "not GPU performance" not in found
+
+
+def test_cpu_functional_report_says_so_and_claims_nothing(cpu_report):
+    run_dir, _, html = cpu_report
+    assert 'id="functional-banner"' in html
+    found = section(html, "findings")
+    assert "CPU functional run, host timer" in found and "not GPU performance" in found
+    for claim in ("reaches", "prefetch pays", "GB/s rises", "GB/s falls", "× the"):
+        assert claim not in found, claim
+    assert "pinned_uva needs CUDA (UVA)" in html
+    assert "No ceilings were measured" in html
+    assert not EXTERNAL.search(html)
+    pngs = images(html)
+    # Only latency vs tokens has a sweep (two token counts per dtype); each plot says "functional".
+    assert len(pngs) == 1
+    assert len(table_rows(html, "records-table")) == len(load_records(run_dir))
+
+
+def test_report_tolerates_old_and_empty_runs(tmp_path):
+    # An "old" run: bare meta, records with only a few keys and None everywhere.
+    old = tmp_path / "results" / "old-run"
+    old.mkdir(parents=True)
+    (old / "meta.json").write_text(json.dumps({"suite": "legacy"}))
+    lines = [
+        {"case_id": "lookup.device.a", "status": "ok", "impl": "device", "dtype": "fp8", "dim": 64,
+         "vocab_size": 1024, "median_ms": 0.5, "samples_ms": None, "gbps": None},
+        {"case_id": "lookup.device.b", "status": "ok", "samples_ms": [0.4, 0.41, 0.39]},
+        {"case_id": "lookup.device.c", "status": "failed", "reason": None},
+    ]
+    (old / "records.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{torn")
+    html = build_report(old, tmp_path / "reports").read_text()
+    assert len(table_rows(html, "records-table")) == 3
+    assert "lookup.device.b" in html and "0.4" in html  # median derived from the samples
+    assert "does not say whether it ran on a GPU" in html
+    # A run that stored nothing yet.
+    empty = write_run(tmp_path / "results", "empty-run", {"run_id": "empty-run", "suite": "x", "mode": "gpu",
+                                                          "status": "interrupted"}, [])
+    html = build_report(empty, tmp_path / "reports").read_text()
+    assert "The run holds no records." in html and "did not finish" in html
+
+
+def test_trend_over_history(tmp_path):
+    results = tmp_path / "results"
+    small = lambda case: case.kind == "lookup" and case.num_tokens == 1024 and case.dim == 160  # noqa: E731
+    slow_case = Case(impl="pinned_uva", dtype="fp8", dim=160, vocab_size=1 << 24, num_heads=16, num_tokens=1024)
+    old1 = write_gpu_run(results, "20261128-020000-nightly-0001", seed=1, only=small,
+                         started_at="2026-11-28T02:00:00+00:00", include_broken=False)
+    old2 = write_gpu_run(results, "20261129-020000-nightly-0002", seed=2, only=small,
+                         started_at="2026-11-29T02:00:00+00:00", include_broken=False)
+    new = write_gpu_run(results, "20261130-020000-nightly-0003", seed=3, only=small,
+                        started_at="2026-11-30T02:00:00+00:00", include_broken=False,
+                        factor=lambda c: 1.25 if c.case_id == slow_case.case_id else 1.0)
+    (results / "not-a-run").mkdir()
+    html = build_report(new, tmp_path / "reports", history_dirs=[old2, old1, results / "not-a-run"]).read_text()
+    trend = section(html, "trend")
+    assert "Trend over 3 runs" in trend
+    assert "not a ple_bench run" in trend  # the unreadable entry is said, not hidden
+    assert 'id="plot-trend"' in trend
+    # Runs appear oldest first as table columns.
+    assert trend.index("nightly-0001") < trend.index("nightly-0002") < trend.index("nightly-0003")
+    rows = table_rows(html, "trend-table")
+    assert rows
+    slow_row = next(r for r in rows if slow_case.case_id in r)
+    change = float(re.findall(r'data-v="([^"]+)"', slow_row)[-1])
+    medians = [next(r for r in load_records(d) if r["case_id"] == slow_case.case_id)["median_ms"]
+               for d in (old2, new)]
+    assert change == pytest.approx((medians[1] / medians[0] - 1) * 100)
+    assert 15 < change < 35
+
+
+def test_report_cli(tmp_path, capsys):
+    run_dir = write_cpu_run(tmp_path / "results")
+    assert report_main([str(run_dir), "--reports-dir", str(tmp_path / "reports")]) == 0
+    out = capsys.readouterr().out.strip()
+    assert Path(out) == tmp_path / "reports" / run_dir.name / "index.html" and Path(out).exists()
+    assert report_main([str(tmp_path / "missing"), "--reports-dir", str(tmp_path / "reports")]) == 2
+    (tmp_path / "no-meta").mkdir()
+    assert report_main([str(tmp_path / "no-meta")]) == 2
+    assert "no meta.json" in capsys.readouterr().err
+
+
+def test_history_last_picks_same_suite_runs(tmp_path):
+    from ple_bench.report.html import history_runs
+
+    results = tmp_path / "results"
+    few = lambda case: case.kind == "lookup" and case.vocab_size == 1 << 14 and case.num_tokens == 64  # noqa: E731
+    dirs = [write_gpu_run(results, f"2026112{i}-020000-nightly-000{i}", seed=i, only=few, include_broken=False,
+                          started_at=f"2026-11-2{i}T02:00:00+00:00") for i in range(1, 5)]
+    write_gpu_run(results, "20261125-020000-other-0009", suite="other", only=few, include_broken=False,
+                  started_at="2026-11-25T02:00:00+00:00")
+    (results / "baseline").symlink_to(dirs[0])
+    picked = history_runs(dirs[-1], 2)
+    assert [p.name for p in picked] == [dirs[1].name, dirs[2].name]
+    assert len(history_runs(dirs[-1], 10)) == 3  # the symlink is not a second copy; other suite left out
+
+
+def _step(impl: str, prefetch: bool, compute_us: float, step_ms: float) -> dict:
+    case = Case(kind="step", impl=impl, prefetch=prefetch, compute_us=compute_us)
+    return {"case_id": case.case_id, "status": "ok", **case.axes(), "step_ms": step_ms, "median_ms": step_ms}
+
+
+def test_prefetch_finding_only_from_matched_pairs():
+    recs = [
+        _step("pinned_uva", False, 0.0, 0.100), _step("pinned_uva", True, 0.0, 0.101),
+        _step("pinned_uva", False, 500.0, 0.600), _step("pinned_uva", True, 500.0, 0.480),
+        _step("pinned_uva", False, 900.0, 1.000),  # no prefetch partner: no claim about 900
+    ]
+    run = Run(path=Path("x"), meta={"mode": "gpu"}, records=recs)
+    text = " ".join(f.text for f in findings(run) if f.topic == "prefetch")
+    assert "prefetch pays at compute_us = 500 (step time -20%)" in text
+    assert "no measurable difference (within 5%) at compute_us = 0" in text
+    assert "900" not in text
+    # Without pairs there is no prefetch finding at all.
+    run = Run(path=Path("x"), meta={"mode": "gpu"}, records=[recs[0], recs[3]])
+    assert not [f for f in findings(run) if f.topic == "prefetch"]
+
+
+def test_table_size_trend_words():
+    def rec(vocab, gbps, dtype="fp8"):
+        case = Case(impl="device", dtype=dtype, dim=128, vocab_size=vocab)
+        return {"case_id": case.case_id, "status": "ok", **case.axes(), "gbps": gbps, "median_ms": 1.0,
+                "table_bytes": vocab * 128 * (1 if dtype == "fp8" else 2)}
+    rising = [rec(1 << 14, 100.0), rec(1 << 18, 150.0), rec(1 << 22, 300.0)]
+    flat = [rec(1 << 14, 100.0, "bf16"), rec(1 << 18, 104.0, "bf16"), rec(1 << 22, 95.0, "bf16")]
+    run = Run(path=Path("x"), meta={"mode": "gpu"}, records=rising + flat)
+    text = " ".join(f.text for f in findings(run) if f.topic == "table size")
+    assert "device fp8: GB/s rises from 100 at 2 MiB to 300 at 512 MiB" in text
+    assert "device bf16: GB/s stays flat" in text
+    # Two sizes only: no trend claim.
+    run = Run(path=Path("x"), meta={"mode": "gpu"}, records=rising[:2])
+    assert not [f for f in findings(run) if f.topic == "table size"]
+
+
+def test_slice_series_never_mixes_unnamed_axes():
+    recs = []
+    for impl in ("device", "pinned_uva"):
+        for tokens in (16, 64, 256):
+            for vocab in (1 << 10, 1 << 12):
+                for heads in (1, 2, 4, 8, 16):
+                    case = Case(impl=impl, num_tokens=tokens, vocab_size=vocab, num_heads=heads)
+                    recs.append({"case_id": case.case_id, **case.axes()})
+    sl = slice_series(recs, "num_tokens", ["impl"], max_series=4)
+    assert len(sl.series) <= 4 and sl.fixed
+    for key, rs in sl.series.items():
+        for axis in ("impl", "vocab_size", "num_heads"):
+            assert len({r[axis] for r in rs}) == 1, axis
+        assert sorted(r["num_tokens"] for r in rs) == [16, 64, 256]
