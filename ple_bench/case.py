@@ -92,7 +92,15 @@ class Case:
         if self.graph != "eager":
             parts.append(self.graph)
         if self.ids != "uniform":
-            parts.append(self.ids.replace(":", ""))
+            parts.append(self.ids.replace(":", "").replace(",", ""))
+        if self.kind == "step":
+            parts.append(f"c{self.compute_us:g}us")
+        if self.stream_priority:
+            parts.append(f"prio{self.stream_priority}")
+        if self.grid_frac != 1.0:
+            parts.append(f"grid{self.grid_frac:g}")
+        if self.cache_rows:
+            parts.append(f"cache{self.cache_rows}")
         return ".".join(parts) + "-" + digest
 
     @classmethod
