@@ -1,0 +1,31 @@
+"""Shared pytest setup: the repository root on ``sys.path`` (so ``tests.*``
+modules, e.g. a backend given by import path, and ``ple_bench`` import without
+an install), a fixed torch seed per test, and the ``gpu`` marker's skip on
+machines without CUDA."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    torch.manual_seed(1234)
+    yield
