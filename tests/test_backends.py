@@ -128,6 +128,7 @@ def test_each_etp_rank_looks_up_its_shard(backend, dtype_name, topo, num, paddin
     dim, heads = 11, 3
     dtype = DTYPES[dtype_name]
     full = random_table(num, dim, dtype, seed=etp * 31 + num)
+    synthetic_full = synthetic_rows(torch.arange(num), dim, etp, dtype)
     ids = random_ids(10, heads, num, seed=etp)
     total = torch.zeros(10 * heads * dim * dtype.itemsize, dtype=torch.int8)
     float_total = torch.zeros(10, heads, dim, dtype=torch.float32)
@@ -145,6 +146,12 @@ def test_each_etp_rank_looks_up_its_shard(backend, dtype_name, topo, num, paddin
                            f"rank {rank} shard [{s.vocab_start}, {s.vocab_end})")
         total += bytes_of(out).view(torch.int8)
         float_total += out.float()
+        # the same shard filled with synthetic rows (fill_synthetic offsets by vocab_start)
+        emb.fill_synthetic(seed=etp)
+        syn = poisoned((10, heads, dim), dtype)
+        emb._local_lookup(ids, out=syn)
+        assert_bytes_equal(syn, masked_lookup(synthetic_full, ids, s.vocab_start, s.vocab_end),
+                           f"rank {rank} synthetic shard")
     assert covered == list(range(num)), "the shards must tile the vocabulary once"
     expected = full_lookup(full, ids)
     assert torch.equal(total, bytes_of(expected).view(torch.int8)), "integer sum over ETP ranks"

@@ -265,3 +265,21 @@ def test_etp_reduce_is_byte_exact():
     # the data was chosen so that a float sum would not have been byte-exact
     assert len(results) == 2 and len(results[0]) == 5
     assert not any(results[0].values()) and not any(results[1].values())
+
+
+def _hanging_main(rank, world):
+    if rank == 1:
+        import time
+
+        time.sleep(600)  # never answers
+    return rank
+
+
+@pytest.mark.slow
+def test_dist_harness_fails_a_hung_rank_by_deadline():
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match=r"timed out after 8s \(rank\(s\) \[(0, )?1\] still running"):
+        run_ranks("tests.test_parallel:_hanging_main", 2, timeout_s=8)
+    assert time.monotonic() - t0 < 30
