@@ -44,6 +44,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="do not build the HTML report at the end")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-nvtx", action="store_true", help="do not emit NVTX ranges")
+    p.add_argument("--samples", type=int, metavar="N",
+                   help="take exactly N samples per measurement (overrides the suite's timing policy)")
     p.add_argument("--profile-window", action="store_true",
                    help="wrap only the measurement phases in cudaProfilerStart/Stop (for ncu/nsys capture ranges)")
 
@@ -90,6 +92,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     mode = "gpu" if gpu else "functional"
     if not gpu:
         policy = policy.scaled_for_cpu()
+    if args.samples:
+        import dataclasses
+
+        if args.samples < 1:
+            print("error: --samples must be at least 1", file=sys.stderr)
+            return EXIT_BAD_USAGE
+        policy = dataclasses.replace(policy, min_samples=args.samples, max_samples=args.samples,
+                                     max_noise=0.0, min_time_s=0.0, max_time_s=1e9)
     if note:
         print(note, file=sys.stderr)
     rank = int(os.environ.get("RANK", "0"))
@@ -192,10 +202,11 @@ def cmd_env(args: argparse.Namespace) -> int:
 NSYS_DOC = "https://docs.nvidia.com/nsight-systems/UserGuide/"
 
 
-def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str = sys.executable) -> list[str]:
+def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str = sys.executable,
+                    samples: int = 10) -> list[str]:
     """The profiler command line for one case, limited to the measurement window."""
     inner = [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id, "--profile-window",
-             "--no-report", "--no-progress", "--results-dir", str(out / "results")]
+             "--samples", str(samples), "--no-report", "--no-progress", "--results-dir", str(out / "results")]
     if tool == "ncu":
         return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "ple_bench@measurement/",
                 "--profile-from-start", "off", "--target-processes", "all",
@@ -225,7 +236,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     case = matches[0]
     out = Path(args.out) if args.out else Path(args.results_dir) / "profiles" / case.case_id
     try:
-        cmd = profile_command(args.tool, suite.name, case.case_id, out)
+        cmd = profile_command(args.tool, str(suite.path), case.case_id, out, samples=args.samples)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -272,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool", choices=["ncu", "nsys"], default="ncu")
     p.add_argument("--out", help="output folder (default results/profiles/<case_id>)")
     p.add_argument("--results-dir", default="results")
+    p.add_argument("--samples", type=int, default=10, help="samples per measurement under the profiler")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.set_defaults(func=cmd_profile)
     p = sub.add_parser("env", help="what this machine can run, and why not")

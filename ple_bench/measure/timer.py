@@ -44,6 +44,7 @@ from ..annotate import annotate
 from .clocks import ClockSampler
 from .l2 import get_flusher
 from .stats import relative_noise, summarize
+from .profiler import profiler_window
 from .stopping import Stopper, stopper_for
 
 #: a sampling batch aims to last about this long (GPU time or host time)
@@ -390,7 +391,7 @@ def _measure_cuda(launch, device, policy: TimingPolicy, *, cold_l2: bool, label:
     # upper bound of the host's enqueue time, capped so the first hold is short
     batcher = _CudaBatcher(device, launch, flusher=flusher, clocks=clocks, divisor=divisor,
                            host_per_call_s=min(per_call_s, 0.002))
-    with annotate("measurement", color="green"):
+    with annotate("measurement", color="green"), profiler_window():
         res = run_sampling(
             batcher, stopper_for(policy, clock), max_samples=policy.max_samples,
             batch_size=_adaptive_batch(batcher.per_sample_s),
