@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .annotate import annotate
-from .backends import get_backend, synthetic_rows
+from .backends import get_backend, get_kernel, synthetic_rows
 from .case import Case
 from .parallel import Groups, Topology
 
@@ -121,10 +121,14 @@ class CaseExecutor:
                 raise SkipCase(f"table needs {host_need / 2**30:.1f} GiB of host memory")
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
-        key = (case.impl, case.kernel, case.vocab_size, case.dim, case.dtype, case.num_heads,
+        key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
                case.num_tokens, case.cache_rows, case.stream_priority, topo)
         if self.table is not None and self.table.key == key:
-            return self.table.backend
+            backend = self.table.backend
+            # same table, another kernel: swap the kernel, keep the filled table
+            backend.kernel_name = case.kernel or type(backend).default_kernel
+            backend.kernel = get_kernel(backend.kernel_name)
+            return backend
         self.release_table()
         try:
             cls = get_backend(case.impl)

@@ -38,7 +38,7 @@ def ncu_kernel_ms(case_id: str, out: Path) -> tuple[float | None, int, str]:
         return None, 0, log + raw[-500:]
     head = rows[0]
     k_name, k_time = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
-    times = sorted(float(r[k_time]) / 1e6 for r in rows[2:] if "ple_lookup" in r[k_name])
+    times = sorted(float(r[k_time].replace(",", "")) / 1e6 for r in rows[2:] if "ple_lookup" in r[k_name])
     names = sorted({r[k_name] for r in rows[2:]})
     if not times:
         return None, 0, log + f" kernels seen: {names}"
