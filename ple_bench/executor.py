@@ -179,7 +179,10 @@ class CaseExecutor:
             ids = self.ids_for(case, topo)
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
             if hasattr(backend, "warm_cache"):
-                backend.warm_cache(ids)  # the hot-row cache holds this workload's most frequent rows
+                # The hot-row cache is filled from *past* traffic: a larger, independent sample of the
+                # same distribution (never the measured ids themselves, which would hit 100% by construction).
+                history = replace(case, seed=case.seed + 104_729, num_tokens=max(4096, 16 * case.num_tokens))
+                backend.warm_cache(self.ids_for(history, topo))
             with _grid_cap(case, backend):
                 if case.kind == "step":
                     return self._run_step(case, backend, ids, counts, policy, topo)
@@ -260,6 +263,10 @@ class CaseExecutor:
         rows = ids.numel()
         rec.update(rows=rows, bytes_moved=rows * case.row_bytes, row_bytes=case.row_bytes,
                    table_bytes=case.table_bytes)
+        if hasattr(backend, "reset_stats") and hasattr(backend, "stats"):
+            backend.reset_stats()
+            fn()
+            rec["cache_hit_rate"] = backend.stats().get("last_hit_rate")
         return rec
 
     def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:
