@@ -176,7 +176,8 @@ class CaseExecutor:
         groups = self.groups_for(topo)
         with annotate(f"case {case.case_id}", color="blue"):
             backend = self.backend_for(case, topo, groups)
-            ids = self.ids_for(case, topo)
+            id_sets = self.id_sets_for(case, topo, getattr(policy, "id_sets", 1))
+            ids = id_sets[0]
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
             if hasattr(backend, "warm_cache"):
                 # The hot-row cache is filled from *past* traffic: a larger, independent sample of the
@@ -185,17 +186,30 @@ class CaseExecutor:
                 backend.warm_cache(self.ids_for(history, topo))
             with _grid_cap(case, backend):
                 if case.kind == "step":
-                    return self._run_step(case, backend, ids, counts, policy, topo)
-                return self._run_lookup(case, backend, ids, counts, policy, topo)
+                    return self._run_step(case, backend, id_sets, counts, policy, topo)
+                return self._run_lookup(case, backend, id_sets, counts, policy, topo)
+
+    def id_sets_for(self, case: Case, topo: Topology, n: int) -> list[torch.Tensor]:
+        """``n`` independent id sets of the case's distribution (the first is ``ids_for(case)``)."""
+        return [self.ids_for(replace(case, seed=case.seed + 7919 * k), topo) for k in range(max(1, n))]
 
     def _lookup_fn(self, case: Case, backend, ids, counts):
+        """A call that looks up the next id set (``ids`` is a tensor or a list of them)."""
+        sets = ids if isinstance(ids, list) else [ids]
+        turn = [0]
+
+        def next_ids():
+            cur = sets[turn[0] % len(sets)]
+            turn[0] += 1
+            return cur
+
         if case.prefetch:
             def fn():
-                backend.start_prefetch(ids, counts)
+                backend.start_prefetch(next_ids(), counts)
                 return backend.finalize()
         else:
             def fn():
-                return backend.lookup(ids, counts)
+                return backend.lookup(next_ids(), counts)
         return fn
 
     def check_output(self, case: Case, backend, ids: torch.Tensor, out: torch.Tensor) -> None:
@@ -212,23 +226,31 @@ class CaseExecutor:
             )
 
     def _gate(self, case, backend, ids, counts) -> None:
-        fn = self._lookup_fn(case, backend, ids, counts)
-        out = fn()
-        self.check_output(case, backend, ids, out)
-        # a second call, with the previous output and any prefetch buffer poisoned, must be right too
+        """Every id set is looked up and checked; then the first again, with the
+        previous output and any prefetch buffer poisoned."""
+        sets = ids if isinstance(ids, list) else [ids]
+        fn = self._lookup_fn(case, backend, sets, counts)
+        out = None
+        for cur in sets:
+            out = fn()
+            self.check_output(case, backend, cur, out)
         out.view(torch.uint8).fill_(0x7F)
         buffer = getattr(backend, "_buffer", None)
         if isinstance(buffer, torch.Tensor):
             buffer.view(torch.uint8).fill_(0x7F)
-        self.check_output(case, backend, ids, fn())
+        self.check_output(case, backend, sets[0], fn())
 
     def _run_lookup(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
         from . import measure as m
 
         if case.graph == "breakable":
             raise SkipCase("graph=breakable applies to kind=step cases (a lookup alone has no breaks)")
-        self._gate(case, backend, ids, counts)
-        fn = self._lookup_fn(case, backend, ids, counts)
+        id_sets = ids
+        ids = id_sets[0]
+        self._gate(case, backend, id_sets, counts)
+        fn = self._lookup_fn(case, backend, id_sets, counts)
+        # a CUDA graph bakes in its arguments: graph replay looks up the first id set every time
+        graph_fn = self._lookup_fn(case, backend, ids, counts)
         multi = topo.world_size > 1
         pol = _lockstep(policy) if multi else policy
         rec: dict[str, Any] = {}
@@ -240,7 +262,7 @@ class CaseExecutor:
             if multi:
                 raise SkipCase("graph replay of multi-rank lookups is not measured (collectives in capture)")
             try:
-                graph_meas = m.measure_graph(fn, device=self.device, policy=pol, label="lookup_graph")
+                graph_meas = m.measure_graph(graph_fn, device=self.device, policy=pol, label="lookup_graph")
             except m.GraphCaptureError as exc:
                 if case.graph == "full":
                     raise SkipCase(f"lookup cannot be captured in a CUDA graph: {exc}") from exc
@@ -262,7 +284,8 @@ class CaseExecutor:
             rec.update(_slowest_rank(rec))
         rows = ids.numel()
         rec.update(rows=rows, bytes_moved=rows * case.row_bytes, row_bytes=case.row_bytes,
-                   table_bytes=case.table_bytes)
+                   table_bytes=case.table_bytes, id_sets=len(id_sets),
+                   graph_id_sets=1 if graph_meas is not None else None)
         if hasattr(backend, "reset_stats") and hasattr(backend, "stats"):
             backend.reset_stats()
             fn()
@@ -293,12 +316,15 @@ class CaseExecutor:
     def _run_step(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
         from . import step as step_mod
 
-        self._gate(case, backend, ids, counts)
+        id_sets = ids
+        ids = id_sets[0]
+        self._gate(case, backend, id_sets, counts)
         key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
                case.compute_us, case.hidden, case.graph, topo)
         baseline = self.resident_step_ms.get(key)
         # several id sets, copied into the step's static input in turn: fresh rows each step
-        id_sets = [ids] + [self.ids_for(replace(case, seed=case.seed + 7919 * k), topo) for k in range(1, 8)]
+        if len(id_sets) < 2:
+            id_sets = self.id_sets_for(case, topo, 8)
         try:
             rec = step_mod.run_step_case(replace(case, grid_frac=1.0), backend, id_sets, counts, policy,
                                          self.device, resident_baseline=baseline,

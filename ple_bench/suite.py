@@ -417,6 +417,7 @@ TIMING: dict[str, tuple[Callable[[Any], Any], str]] = {
     "hot": (lambda v: _bool(v), "true or false"),
     "graph": (lambda v: _bool(v), "true or false"),
     "throttle_threshold": (_float(0.0, 1.0), "a number in [0, 1]"),
+    "id_sets": (_int(1), "an integer >= 1"),
 }
 # The same keys as ple_bench.measure.TimingPolicy (tests/test_suite.py keeps them in step).
 

@@ -61,9 +61,16 @@ def test_every_shipped_suite_loads(shipped):
 def test_smoke_is_small_and_covers_the_axes(shipped):
     smoke = shipped["smoke"]
     cases = smoke.cases
-    assert 20 <= len(cases) <= 30
+    assert 20 <= len(cases) <= 45
     assert not smoke.gpu_only
-    assert {c.impl for c in cases} == {"device", "pinned_uva"}
+    assert {c.impl for c in cases} == {"device", "pinned_uva", "pinned_cpu_gather", "pinned_hot_cache"}
+    # every lookup path runs in CI, as a lookup and inside the decode step
+    from ple_bench.backends import kernel_names
+
+    paths = {(c.kind, c.impl, c.kernel) for c in cases}
+    for kernel in ("torch_uva", "triton_tuned", "dedup_triton"):
+        assert kernel in kernel_names()
+        assert {("lookup", "pinned_uva", kernel), ("step", "pinned_uva", kernel)} <= paths
     assert {c.dtype for c in cases} == {"fp32", "fp16", "bf16", "fp8"}
     assert {c.prefetch for c in cases} == {True, False}
     assert {c.ids.split(":")[0] for c in cases} == {"uniform", "zipf", "ngram"}
@@ -104,7 +111,8 @@ def test_gpu_suites(shipped):
     assert {c.compute_us for c in overlap.cases} == {0.0, 25.0, 50.0, 100.0, 200.0, 400.0}
     assert {c.graph for c in overlap.cases} == {"eager", "breakable", "full"}
     assert {c.stream_priority for c in overlap.cases} == {0, -1}
-    assert {c.grid_frac for c in overlap.cases} == {1.0, 0.5}
+    assert {c.grid_frac for c in overlap.cases} == {1.0, 0.5, 0.25}
+    assert all(c.kernel == "triton_tuned" for c in overlap.cases if c.grid_frac != 1.0)
     assert {c.num_tokens for c in overlap.cases} == {64, 128, 256, 512}
     assert all(table_bytes(c) >= 32 * GiB - 160 for c in overlap.cases)
     assert all((c.dtype, c.dim, c.num_heads) == ("fp8", 160, 16) for c in overlap.cases)

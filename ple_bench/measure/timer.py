@@ -61,7 +61,7 @@ class GraphCaptureError(RuntimeError):
 
 # --------------------------------------------------------------------- policy
 _FLOAT_FIELDS = ("warmup_ms", "min_time_s", "max_time_s", "max_noise", "throttle_threshold")
-_INT_FIELDS = ("min_samples", "max_samples")
+_INT_FIELDS = ("min_samples", "max_samples", "id_sets")
 _BOOL_FIELDS = ("cold_l2", "hot", "graph")
 
 
@@ -79,6 +79,9 @@ class TimingPolicy:
     hot: bool = True
     graph: bool = True
     throttle_threshold: float = 0.75
+    # Lookups rotate through this many independent id sets, one per call: repeating
+    # one set keeps its rows' address translations warm even with the L2 flushed.
+    id_sets: int = 8
 
     def __post_init__(self) -> None:
         self._check_types(dataclasses.asdict(self))
@@ -99,6 +102,8 @@ class TimingPolicy:
             problems.append("max_noise must be >= 0")
         if not 0 <= self.throttle_threshold <= 1:
             problems.append("throttle_threshold must be in [0, 1]")
+        if self.id_sets < 1:
+            problems.append("id_sets must be >= 1")
         if problems:
             raise ValueError("bad timing policy: " + "; ".join(problems))
 
