@@ -100,23 +100,36 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_BAD_USAGE
         policy = dataclasses.replace(policy, min_samples=args.samples, max_samples=args.samples,
                                      max_noise=0.0, min_time_s=0.0, max_time_s=1e9)
-    if note:
-        print(note, file=sys.stderr)
     rank = int(os.environ.get("RANK", "0"))
-    results_dir, reports_dir = args.results_dir, args.reports_dir
+    results_dir, reports_dir, resume = args.results_dir, args.reports_dir, args.resume
     quiet = False
+    scratch = None
     if "TORCHELASTIC_RUN_ID" in os.environ and rank != 0:
-        # Only rank 0 writes records and the report.
+        # Only rank 0 writes records and the report; the other ranks run the same cases
+        # into a scratch folder (removed at the end). Resuming, they read a copy of the run.
         scratch = Path(tempfile.mkdtemp(prefix=f"ple_bench-rank{rank}-"))
         results_dir, reports_dir, quiet = scratch / "results", scratch / "reports", True
+        if resume:
+            copy = results_dir / Path(resume).name
+            copy.mkdir(parents=True)
+            for name in ("meta.json", "records.jsonl"):
+                if (Path(resume) / name).exists():
+                    shutil.copy2(Path(resume) / name, copy / name)
+            resume = copy
+    if note and not quiet:
+        print(note, file=sys.stderr)
     options = RunOptions(
-        results_dir=results_dir, reports_dir=reports_dir, resume=args.resume,
+        results_dir=results_dir, reports_dir=reports_dir, resume=resume,
         case_filter=args.case, case_timeout_s=args.case_timeout,
         progress=not args.no_progress and not quiet,
         report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
-        functional_note=note, argv=sys.argv,
+        functional_note=note, argv=sys.argv, quiet=quiet,
     )
-    summary = run_suite(suite, cases, policy, options, mode)
+    try:
+        summary = run_suite(suite, cases, policy, options, mode)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     if quiet:
         return summary.exit_code
     c = summary.counts
@@ -125,6 +138,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"records: {summary.run_dir / 'records.jsonl'}")
     if summary.report:
         print(f"report:  {summary.report}")
+    if summary.aborted:
+        print(f"run ended early: {summary.aborted}", file=sys.stderr)
     return summary.exit_code
 
 

@@ -40,6 +40,7 @@ class RunOptions:
     profile_window: bool = False
     functional_note: str = ""
     argv: list[str] = field(default_factory=list)
+    quiet: bool = False  # no messages (torchrun ranks other than 0)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class RunSummary:
     counts: dict[str, int]
     interrupted: bool = False
     report: Path | None = None
+    aborted: str | None = None  # why a torchrun run ended early
 
     @property
     def exit_code(self) -> int:
@@ -101,6 +103,20 @@ def base_meta(suite, mode: str) -> dict[str, Any]:
                  "cpu_count": os.cpu_count()},
         "gpu_count": gpu_count(),
     }
+
+
+def launch_info(cases: list[Case]) -> dict[str, Any]:
+    """How the ranks were started: ``torchrun`` (its world, nodes and run id) or
+    ``self`` (ple_bench's own worker processes, one pool per world size)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("PLE_BENCH_IN_PROCESS"):
+        env = os.environ
+        return {"launcher": "torchrun" if "TORCHELASTIC_RUN_ID" in env else "in_process",
+                "world_size": int(env.get("WORLD_SIZE", "1")),
+                "local_world_size": int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
+                "nnodes": int(env["GROUP_WORLD_SIZE"]) if env.get("GROUP_WORLD_SIZE") else None,
+                "rdzv_run_id": env.get("TORCHELASTIC_RUN_ID"),
+                "master": f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}" if env.get("MASTER_ADDR") else None}
+    return {"launcher": "self", "world_sizes": sorted({c.world_size for c in cases})}
 
 
 def order_cases(cases: list[Case]) -> list[Case]:
@@ -190,14 +206,16 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         meta = base_meta(suite, mode)
         meta.update(run_id=run_dir.name, started_at=now_iso(), status="running", argv=options.argv,
                     timing_policy=_asdict(policy), functional_note=options.functional_note or None,
-                    num_cases=len(cases))
+                    num_cases=len(cases), launch=launch_info(cases))
+        meta["launcher"] = meta["launch"]["launcher"]
         writer.write_meta(meta)
     todo = [c for c in order_cases(cases) if c.case_id not in done]
     counts = {"ok": 0, "skipped": 0, "failed": 0, "invalid": 0}
     progress = _Progress(len(todo), options.progress)
-    if options.resume:
+    if options.resume and not options.quiet:
         progress.write(f"resuming {run_dir}: {len(done)} cases done, {len(todo)} to run")
-    progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
+    if not options.quiet:
+        progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
     executor = _Executor(options, meta, writer)
     try:
@@ -208,8 +226,12 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
             writer.append(rec)
             counts[rec["status"]] += 1
             progress.done(rec["status"])
-            if rec["status"] in ("failed", "invalid"):
+            if rec["status"] in ("failed", "invalid") and not options.quiet:
                 progress.write(f"{rec['status'].upper()} {case.case_id}: {rec['reason']}")
+            if executor.abort_reason:
+                if not options.quiet:
+                    progress.write(f"run ended early: {executor.abort_reason}")
+                break
     except KeyboardInterrupt:
         interrupted = True
         progress.write(f"interrupted: everything measured so far is in {run_dir}; "
@@ -217,9 +239,12 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     finally:
         progress.close()
         executor.close()
-    meta = writer.update_meta(ended_at=now_iso(), status="interrupted" if interrupted else "complete",
-                              ceilings=meta.get("ceilings"), device=meta.get("device"))
-    summary = RunSummary(run_dir=run_dir, counts=counts, interrupted=interrupted)
+    status = "interrupted" if interrupted else "aborted" if executor.abort_reason else "complete"
+    extra = {"abort_reason": executor.abort_reason} if executor.abort_reason else {}
+    meta = writer.update_meta(ended_at=now_iso(), status=status,
+                              ceilings=meta.get("ceilings"), device=meta.get("device"), **extra)
+    summary = RunSummary(run_dir=run_dir, counts=counts, interrupted=interrupted,
+                         aborted=executor.abort_reason)
     if options.report:
         try:
             from .report import build_report
@@ -254,6 +279,9 @@ class _Executor:
         self.torchrun_world = int(os.environ.get("WORLD_SIZE", "1")) if "TORCHELASTIC_RUN_ID" in os.environ \
             or os.environ.get("PLE_BENCH_IN_PROCESS") else None
         self.inproc = None
+        self.agree_group = None
+        self.agree_timeout_s = 0.0
+        self.abort_reason: str | None = None  # set when a torchrun run cannot go on
 
     def close(self) -> None:
         if self.pool is not None:
@@ -337,33 +365,76 @@ class _Executor:
         rec["duration_s"] = round(duration, 3)
         return rec
 
+    # ------------------------------------------------------------ under torchrun
+    def _start_inprocess(self) -> None:
+        """First case of torchrun's world size: join the process group, make the
+        agreement group, and measure the ceilings (rank 0) and the all-reduce
+        ceiling (every rank)."""
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        from .executor import CaseExecutor
+        from .parallel import DEFAULT_TIMEOUT_S, init_distributed
+
+        world = self.torchrun_world
+        rank = int(os.environ.get("RANK", "0"))
+        device = torch.device("cpu")
+        if torch.cuda.is_available() and not os.environ.get("PLE_BENCH_FORCE_CPU"):
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        if world > 1:
+            init_distributed("gloo" if device.type == "cpu" else None)
+            # Outcomes are agreed on in a group of their own (gloo, CPU objects), so that an
+            # agreement can never pair with a collective a failed case left behind.  Its
+            # timeout is longer than a collective's: a rank that failed early waits here
+            # while the others time out of the case's collectives.
+            self.agree_timeout_s = max(self.options.case_timeout_s, 2 * DEFAULT_TIMEOUT_S + 30)
+            self.agree_group = dist.new_group(backend="gloo",
+                                              timeout=datetime.timedelta(seconds=self.agree_timeout_s))
+        self.inproc = CaseExecutor(rank=rank, world_size=world, device=device)
+        info: dict[str, Any] = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                                "host": socket.gethostname(), "device": str(device)}
+        if rank == 0:
+            from .measure import device_info, measure_ceilings
+
+            if not self.meta.get("ceilings"):
+                try:
+                    self.meta["ceilings"] = measure_ceilings(device)
+                except Exception as exc:  # noqa: BLE001 - a run without ceilings is still a run
+                    print(f"warning: ceilings not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    self.meta["ceilings"] = {}
+            if not self.meta.get("device"):
+                self.meta["device"] = device_info(device)
+            info["need_allreduce"] = f"allreduce_busbw_gbps_w{world}" not in (self.meta.get("ceilings") or {})
+        if world > 1:
+            everyone: list = [None] * world
+            dist.all_gather_object(everyone, info, group=self.agree_group)  # also waits for rank 0's ceilings
+            if everyone[0].get("need_allreduce"):
+                from .worker import _allreduce_busbw
+
+                found = _allreduce_busbw(device, world)
+                if rank == 0:
+                    self.meta.setdefault("ceilings", {}).update(found)
+            ranks = [{k: v for k, v in e.items() if k != "need_allreduce"} for e in everyone]
+        else:
+            ranks = [{k: v for k, v in info.items() if k != "need_allreduce"}]
+        if rank == 0:
+            self.meta["ranks"] = ranks
+            self.writer.update_meta(ceilings=self.meta.get("ceilings"), device=self.meta.get("device"),
+                                    ranks=ranks)
+
     def _run_inprocess(self, case: Case, policy) -> dict[str, Any]:
-        """Under torchrun: this process is one rank; every rank runs the same cases."""
-        from .executor import CaseExecutor, InvalidCase, SkipCase
+        """Under torchrun: this process is one rank; every rank runs the same cases
+        in lockstep and agrees on each case's outcome before the next one."""
+        from .executor import InvalidCase, SkipCase
 
         if case.world_size != self.torchrun_world:
             return self._record(case, "skipped",
                                 f"needs {case.world_size} ranks, torchrun started {self.torchrun_world}")
         if self.inproc is None:
-            import torch
-
-            from .parallel import init_distributed
-
-            rank = int(os.environ.get("RANK", "0"))
-            device = torch.device("cpu")
-            if torch.cuda.is_available():
-                device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-                torch.cuda.set_device(device)
-            if self.torchrun_world > 1:
-                init_distributed()
-            self.inproc = CaseExecutor(rank=rank, world_size=self.torchrun_world, device=device)
-            if not self.meta.get("ceilings"):
-                from .measure import device_info, measure_ceilings
-
-                self.meta["ceilings"] = measure_ceilings(device) if rank == 0 else {}
-                self.meta["device"] = device_info(device)
-                if rank == 0:
-                    self.writer.update_meta(ceilings=self.meta["ceilings"], device=self.meta["device"])
+            self._start_inprocess()
         started = time.perf_counter()
         try:
             rec = self._record(case, "ok", "", self.inproc.run(case, policy))
@@ -374,5 +445,100 @@ class _Executor:
         except Exception as exc:  # noqa: BLE001
             rec = self._record(case, "failed", f"{type(exc).__name__}: {exc}")
             rec["traceback"] = traceback.format_exc()
+        if self.torchrun_world > 1:
+            rec = self._agree(case, rec)
         rec["duration_s"] = round(time.perf_counter() - started, 3)
         return rec
+
+    def _agree(self, case: Case, rec: dict[str, Any]) -> dict[str, Any]:
+        """Every rank tells every other how the case ended.  All ok: rank 0's record
+        stands.  Otherwise the case is ``failed`` (any rank failed), else ``invalid``,
+        else ``skipped``, with each rank's reason (root causes before the collective
+        timeouts they led to); the ranks then drop the table and its process groups,
+        check the default group, and end the run if it is broken."""
+        import torch.distributed as dist
+
+        world = self.torchrun_world
+        mine = {"rank": self.inproc.rank, "case_id": case.case_id, "status": rec["status"],
+                "reason": rec["reason"], "traceback": rec.get("traceback") or ""}
+        everyone: list = [None] * world
+        try:
+            dist.all_gather_object(everyone, mine, group=self.agree_group)
+        except Exception as exc:  # noqa: BLE001
+            self.abort_reason = (f"the ranks could not agree on the outcome of {case.case_id} within "
+                                 f"{self.agree_timeout_s:.0f} s ({type(exc).__name__}: {exc}): a rank died or "
+                                 "hung; ending the run")
+            out = self._record(case, "failed", f"rank {mine['rank']} {mine['status']}: {mine['reason']}; "
+                                               + self.abort_reason)
+            out["traceback"] = mine["traceback"]
+            return out
+        where = {e["case_id"] for e in everyone}
+        if len(where) > 1:
+            self.abort_reason = ("the ranks are at different cases (" + ", ".join(
+                f"rank {e['rank']}: {e['case_id']}" for e in everyone) + "): they do not run the same case "
+                "list (same suite, --case and --resume on every rank?); ending the run")
+            return self._record(case, "failed", self.abort_reason)
+        statuses = [e["status"] for e in everyone]
+        if all(s == "ok" for s in statuses):
+            return rec
+        uniform = len(set(statuses)) == 1 and len({e["reason"] for e in everyone}) == 1
+        if uniform and statuses[0] != "failed":
+            return rec  # the same skip / wrong result everywhere: the ranks stayed in step
+        status = "failed" if "failed" in statuses else "invalid" if "invalid" in statuses else "skipped"
+        bad = sorted((e for e in everyone if e["status"] != "ok"),
+                     key=lambda e: (_is_collective_error(e["reason"]), e["rank"]))
+        reason = "; ".join(f"rank {e['rank']} {e['status']}: {e['reason']}" for e in bad)
+        out = self._record(case, status, reason)
+        out["rank_outcomes"] = [{k: e[k] for k in ("rank", "status", "reason")} for e in everyone]
+        out["traceback"] = next((e["traceback"] for e in bad if e["traceback"]), "")
+        self._recover(case)
+        return out
+
+    def _recover(self, case: Case) -> None:
+        """After a case the ranks left at different points: forget its table and
+        process groups (collectives may be pending in them; the next case builds
+        fresh ones), then check that the default group still pairs every rank."""
+        import torch
+        import torch.distributed as dist
+
+        self.inproc.release_table()
+        self.inproc.groups_by_topology.clear()
+        self.inproc.resident_step_ms.clear()
+        device = self.inproc.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        try:
+            probe = torch.full((1,), self.inproc.rank + 1, dtype=torch.int64, device=device)
+            dist.all_reduce(probe)
+            expect = self.torchrun_world * (self.torchrun_world + 1) // 2
+            health = "ok" if int(probe.item()) == expect else f"all-reduce probe gave {int(probe.item())}, " \
+                                                               f"expected {expect}"
+        except Exception as exc:  # noqa: BLE001
+            health = f"{type(exc).__name__}: {exc}"
+        everyone: list = [None] * self.torchrun_world
+        try:
+            dist.all_gather_object(everyone, (self.inproc.rank, health, _group_count()), group=self.agree_group)
+        except Exception as exc:  # noqa: BLE001
+            everyone = [(self.inproc.rank, f"agreement failed: {type(exc).__name__}: {exc}", None)]
+        broken = [f"rank {r}: {h}" for r, h, _ in everyone if h != "ok"]
+        if len({n for _, _, n in everyone}) > 1:
+            broken.append("ranks created different numbers of process groups")
+        if broken:
+            self.abort_reason = (f"the process group is broken after the failure of {case.case_id} ("
+                                 + "; ".join(broken) + "); ending the run. Records so far are kept; "
+                                 "continue with torchrun ... -m ple_bench run --resume RUN_DIR")
+
+
+def _is_collective_error(reason: str) -> bool:
+    """A failure that is the consequence of another rank's (a collective that timed
+    out or lost its peer), as opposed to a root cause."""
+    text = reason.lower()
+    return reason.startswith(("DistBackendError", "DistNetworkError", "DistError", "DistStoreError")) or any(
+        m in text for m in ("timed out", "timeout", "connection closed", "connection reset"))
+
+
+def _group_count() -> int | None:
+    try:
+        from torch.distributed import distributed_c10d
+
+        return getattr(distributed_c10d._world, "group_count", None)
+    except Exception:  # noqa: BLE001
+        return None

@@ -33,3 +33,14 @@ class CrashingBackend(DeviceResidentEmbedding):
 
 class NotABackend:
     pass
+
+
+class RankOneRaisingBackend(DeviceResidentEmbedding):
+    """Raises on rank 1 only, before its first collective, while the other ranks
+    go on into the lookup's id gather: a torchrun run must record the case failed,
+    naming rank 1, and go on (tests/test_torchrun.py)."""
+
+    def lookup(self, ids, dp_token_counts=None):
+        if self.groups.rank == 1:
+            raise RuntimeError("planted failure on rank 1")
+        return super().lookup(ids, dp_token_counts)

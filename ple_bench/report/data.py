@@ -36,6 +36,16 @@ STEP_KEYS = (
 )
 MULTIRANK_KEYS = ("gather_ms", "reduce_ms", "rank_spread_ms")
 
+# The kernel a backend uses when a case names none (kernel ""): see each
+# backend's ``default_kernel``.  A lookup *path* is impl + the kernel it ran.
+DEFAULT_KERNELS = {"device": "torch_masked", "pinned_uva": "triton_reference", "pinned_hot_cache": "triton_tuned"}
+# Paths with no GPU gather kernel of their own (the kernel axis does not apply).
+KERNEL_FREE_IMPLS = {"pinned_cpu_gather"}
+# The path other paths are compared against (the default pinned-host path).
+REFERENCE_PATH = "pinned_uva · triton_reference"
+# Derived axes: name -> the case axes they are made of.
+DERIVED_AXES = {"path": ("impl", "kernel")}
+
 
 class BadRunError(Exception):
     """A path that is not a readable ple_bench run."""
@@ -95,6 +105,21 @@ class Run:
         raw = self.meta.get("ceilings")
         return raw if isinstance(raw, dict) else {}
 
+    def ceiling_value(self, name: str) -> float | None:
+        """One positive number from meta's ceilings (GB/s or rows/s), or None."""
+        v = num(self._raw_ceilings().get(name))
+        return v if v is not None and v > 0 else None
+
+    def row_ceiling(self, base: str, row_bytes: Any) -> tuple[str, float] | None:
+        """``base`` measured at this row size (``<base>_<N>B``) when stored, else ``base``."""
+        rb = num(row_bytes)
+        names = ([f"{base}_{int(rb)}B"] if rb is not None else []) + [base]
+        for name in names:
+            v = self.ceiling_value(name)
+            if v is not None:
+                return name, v
+        return None
+
     @property
     def started_at(self) -> str:
         return str(self.meta.get("started_at") or "")
@@ -119,11 +144,22 @@ def load_run(run_dir: str | Path) -> Run:
     return Run(path=path, meta=meta, records=[normalize(r) for r in records if isinstance(r, dict)])
 
 
+def path_label(record: dict[str, Any]) -> str:
+    """``impl · kernel`` with the backend's default kernel filled in for kernel ""
+    (``pinned_uva`` -> ``pinned_uva · triton_reference``); kernel-free paths are just the impl."""
+    impl = str(record.get("impl") or "?")
+    if impl in KERNEL_FREE_IMPLS:
+        return impl
+    kernel = record.get("kernel") or DEFAULT_KERNELS.get(impl, "")
+    return f"{impl} · {kernel}" if kernel else impl
+
+
 def normalize(record: dict[str, Any]) -> dict[str, Any]:
     """A copy with derived fields filled where the record lacks them."""
     r = dict(record)
     r.setdefault("status", "ok")
     r.setdefault("case_id", "?")
+    r["path"] = path_label(r)
     if num(r.get("row_bytes")) is None and num(r.get("dim")) is not None and r.get("dtype") in ELEMENT_BYTES:
         r["row_bytes"] = int(r["dim"]) * ELEMENT_BYTES[r["dtype"]]
     if num(r.get("table_bytes")) is None and num(r.get("row_bytes")) is not None and num(r.get("vocab_size")) is not None:
@@ -173,6 +209,8 @@ def single_rank(record: dict[str, Any]) -> bool:
 
 
 def axis_value(record: dict[str, Any], axis: str) -> Any:
+    if axis == "path":
+        return record.get("path") or path_label(record)
     value = record.get(axis)
     if isinstance(value, (dict, list)):
         return repr(value) if value else None
@@ -204,7 +242,7 @@ def fmt_bytes(n: Any) -> str:
     if f is None:
         return ""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if f >= scale:
+        if f >= scale * 0.9995:  # 1,073,741,760 B reads "1 GiB", not "1.02e+03 MiB"
             return f"{f / scale:.3g} {unit}"
     return f"{f:.0f} B"
 
@@ -218,7 +256,7 @@ def describe(record: dict[str, Any], axes: Iterable[str] = ("impl", "dtype")) ->
             continue
         if axis == "prefetch":
             parts.append("prefetch" if value else "no prefetch")
-        elif axis in ("impl", "dtype", "kind", "graph", "ids", "kernel"):
+        elif axis in ("impl", "dtype", "kind", "graph", "ids", "kernel", "path"):
             parts.append(str(value))
         elif axis in ("tp", "etp", "dp"):
             parts.append(f"{axis}{value}")
@@ -287,8 +325,10 @@ def slice_series(records: Sequence[dict[str, Any]], x: str, series_axes: Sequenc
     (the plot says which)."""
     records = list(records)
     exclude = set(series_axes) | {x} | set(_DETERMINED_BY.get(x, ()))
+    for a in series_axes:
+        exclude |= set(DERIVED_AXES.get(a, ()))
     others = varying_axes(records, exclude=exclude)
-    series_axes = [a for a in series_axes if a in AXES]
+    series_axes = [a for a in series_axes if a in AXES or a in DERIVED_AXES]
     fixed: dict[str, Any] = {}
     while True:
         label_axes = list(series_axes) + others

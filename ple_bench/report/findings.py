@@ -20,8 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .data import (
-    Run, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, status_counts,
-    topology,
+    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, pairs, points, single_rank,
+    status_counts, topology,
+)
+from .sections import (
+    WORKLOAD_AXES, ceiling_shares, decode_steps, hit_rate, path_groups, path_of, step_config_axes,
+    step_config_label, workload_label,
 )
 
 # Differences smaller than this (in %) are called "no measurable difference".
@@ -36,6 +40,11 @@ class Finding:
     topic: str
     text: str
     level: str = "info"  # info | warn
+    group: str = "general"  # general | paths | overlap: where the page lists it
+
+
+GROUP_TITLES = {"general": "Run and backends", "paths": "Lookup paths side by side",
+                "overlap": "Decode-step overlap"}
 
 
 def pct_of_ceiling(record: dict[str, Any]) -> float | None:
@@ -112,19 +121,28 @@ def ceiling_findings(run: Run) -> list[Finding]:
         rr = num(best.get("pct_of_random_row_ceiling"))
         if rr is not None:
             text += f" ({rr:.0f}% of the random-row ceiling)"
+        if (pct_of_ceiling(best) or 0) > 100:
+            text += (" — above 100%: not every row crosses the link that ceiling measures "
+                     "(e.g. rows served from a GPU-resident cache)")
         text += f"; median over its {len(rs)} single-GPU lookups: {typical:.0f}%."
         out.append(Finding("ceiling", text))
     return out
 
 
 def table_size_findings(run: Run) -> list[Finding]:
+    """Per path: how GB/s changes with table size, at each token count, with the
+    ends as % of the row-size pinned (or device) random-row ceiling when stored.
+    Prefetch / graph variants are left out when the plain eager lookup was swept."""
     out = []
     recs = [r for r in _lookups(run) if single_rank(r) and num(r.get("gbps")) is not None]
-    if not recs:
-        return out
-    sl = slice_series(recs, "table_bytes", ["impl", "dtype"], max_series=64)
-    phrases: dict[str, list[str]] = {}
-    for key, rs in sl.series.items():
+    plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
+    recs = plain or recs
+    axes = [a for a in WORKLOAD_AXES if a != "vocab_size"]
+    series: dict[tuple, list[dict[str, Any]]] = {}
+    for r in recs:
+        series.setdefault((path_of(r), str(r.get("dtype")), num(r.get("row_bytes"))) + key_of(r, axes), []).append(r)
+    phrases: dict[tuple, list[tuple[float, str]]] = {}
+    for key, rs in series.items():
         pts = points(rs, "table_bytes", "gbps")
         if len(pts) < 3 or pts[-1][0] / pts[0][0] < 8:
             continue
@@ -136,11 +154,23 @@ def table_size_findings(run: Run) -> list[Finding]:
             verb = "falls"
         else:
             verb = "stays flat (within 15%)"
-        phrase = (f"{sl.label(key)}: GB/s {verb} from {fmt(y0)} at {fmt_bytes(x0)} "
-                  f"to {fmt(y1)} at {fmt_bytes(x1)}")
-        phrases.setdefault(str(dict(zip(sl.label_axes, key)).get("impl")), []).append(phrase)
-    for impl, ps in sorted(phrases.items()):
-        out.append(Finding("table size", "With table size — " + "; ".join(ps) + "."))
+        ends = [f"{fmt(y0)} at {fmt_bytes(x0)}", f"{fmt(y1)} at {fmt_bytes(x1)}"]
+        side = "device" if str(rs[0].get("impl")) == "device" else "pinned"
+        rr = run.row_ceiling(f"{side}_random_row_gbps", rs[0].get("row_bytes"))
+        if rr:
+            ends = [f"{e} ({100 * y / rr[1]:.0f}%)" for e, y in zip(ends, (y0, y1))]
+        change = f", {(ratio - 1) * 100:+.0f}%" if verb != "stays flat (within 15%)" else ""
+        sample = rs[0]
+        where = workload_label(sample, with_shape=False).split(", ", 1)[-1] if num(sample.get("table_bytes")) else ""
+        phrase = f"at {where}: GB/s {verb} from {ends[0]} to {ends[1]}{change}"
+        head = (path_of(sample), str(sample.get("dtype")), num(sample.get("row_bytes")),
+                rr[0] if rr else None)
+        phrases.setdefault(head, []).append((num(sample.get("num_tokens")) or 0.0, phrase))
+    for (path, dtype, rb, rr_name), ps in sorted(phrases.items(), key=lambda kv: str(kv[0])):
+        shape = f"{dtype}, {int(rb)} B rows" if rb else dtype
+        note = f" (in brackets: % of the {rr_name} ceiling)" if rr_name else ""
+        text = f"{path} ({shape}) with table size{note} — " + "; ".join(p for _, p in sorted(ps)) + "."
+        out.append(Finding("table size", text, group="paths"))
     return out
 
 
@@ -179,16 +209,18 @@ def dtype_findings(run: Run) -> list[Finding]:
 
 
 def prefetch_findings(run: Run) -> list[Finding]:
+    """Step time with vs without prefetch, on matched pairs only (same path,
+    tokens, graph mode, compute ...), per path and token count."""
     out = []
-    steps = [r for r in _steps(run) if _step_time(r) is not None]
-    groups = [g for g in pairs(steps, "prefetch") if True in g and False in g]
-    by_impl: dict[str, list[tuple[float, float, dict, dict]]] = {}
+    all_steps = [r for r in _steps(run) if _step_time(r) is not None]
+    groups = [g for g in pairs(all_steps, "prefetch") if True in g and False in g]
+    by_path: dict[tuple[str, float], list[tuple[float, float, dict, dict]]] = {}
     for g in groups:
         on, off = g[True], g[False]
         change = (_step_time(on) / _step_time(off) - 1) * 100
-        by_impl.setdefault(str(on.get("impl")), []).append(
-            (num(on.get("compute_us")) or 0.0, change, on, off))
-    for impl, rows in sorted(by_impl.items()):
+        key = (path_of(on), num(on.get("num_tokens")) or 0.0, str(on.get("graph") or "eager"))
+        by_path.setdefault(key, []).append((num(on.get("compute_us")) or 0.0, change, on, off))
+    for (path, tokens, graph), rows in sorted(by_path.items()):
         rows.sort(key=lambda t: t[0])
         pays = [r for r in rows if r[1] < -EFFECT_PCT]
         costs = [r for r in rows if r[1] > EFFECT_PCT]
@@ -203,14 +235,15 @@ def prefetch_findings(run: Run) -> list[Finding]:
         if costs:
             parts.append(f"it costs time at compute_us = {_list(sorted({r[0] for r in costs}))} "
                          f"(step time {_range_pct([r[1] for r in costs])})")
-        text = f"{impl} decode steps: " + "; ".join(parts) + "."
+        text = f"{path}, {int(tokens)} tokens, graph {graph}, decode steps: " + "; ".join(parts) + "."
         exposed = [(r[0], num(r[2].get("exposed_ms")), num(r[3].get("exposed_ms"))) for r in rows]
         exposed = [e for e in exposed if e[1] is not None and e[2] is not None]
         if exposed:
             cu, on_ms, off_ms = max(exposed, key=lambda e: e[0])
             text += (f" At compute_us = {fmt(cu)} the exposed lookup time is {fmt(on_ms)} ms with "
                      f"prefetch vs {fmt(off_ms)} ms without.")
-        out.append(Finding("prefetch", text))
+        text += f" ({len(rows)} matched pair{'s' if len(rows) != 1 else ''}.)"
+        out.append(Finding("prefetch", text, group="overlap"))
     return out
 
 
@@ -218,36 +251,193 @@ def _step_time(r: dict[str, Any]) -> float | None:
     return num(r.get("step_ms")) if num(r.get("step_ms")) is not None else num(r.get("median_ms"))
 
 
+# Below this share the lookup is called "not hidden at all".
+HIDES_NOTHING = 0.05
+
+
+def _cu_range(rs: Sequence[dict[str, Any]]) -> str:
+    cus = sorted({num(r.get("compute_us")) or 0.0 for r in rs})
+    return f"compute_us = {fmt(cus[0])}" if len(cus) == 1 else f"compute_us {fmt(cus[0])}–{fmt(cus[-1])}"
+
+
 def overlap_findings(run: Run) -> list[Finding]:
+    """Per token count at the decode shape: which prefetching path hides its
+    lookup best (and where), which hides nothing, how much the side-stream
+    lookup slows the main-stream compute, and the offload overhead."""
     out = []
-    steps = [r for r in _steps(run) if r.get("prefetch")]
-    by_impl: dict[str, list[dict[str, Any]]] = {}
-    for r in steps:
-        by_impl.setdefault(str(r.get("impl")), []).append(r)
-    for impl, rs in sorted(by_impl.items()):
+    recs, shape = decode_steps(run)
+    if not recs:
+        return out
+    axes = [a for a in step_config_axes(recs) if a != "prefetch"]
+    shape_text = f" ({shape})" if shape else ""
+    by_tokens: dict[float, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
+    for tokens, rs in sorted(by_tokens.items()):
+        where = f"At {int(tokens)} tokens{shape_text}"
+        pre = [r for r in rs if r.get("prefetch") and num(r.get("overlap_efficiency")) is not None]
+        by_path: dict[str, list[dict[str, Any]]] = {}
+        for r in pre:
+            by_path.setdefault(path_of(r), []).append(r)
         parts = []
-        eff = [r for r in rs if num(r.get("overlap_efficiency")) is not None]
-        if eff:
-            best = max(eff, key=lambda r: num(r.get("overlap_efficiency")))
-            worst = min(eff, key=lambda r: num(r.get("overlap_efficiency")))
-            parts.append(f"overlap efficiency ranges {num(worst['overlap_efficiency']) * 100:.0f}% "
-                         f"(compute_us = {fmt(worst.get('compute_us'))}) to "
-                         f"{num(best['overlap_efficiency']) * 100:.0f}% (compute_us = {fmt(best.get('compute_us'))})")
-        slow = [num(r.get("compute_slowdown")) for r in rs if num(r.get("compute_slowdown")) is not None]
-        if slow:
-            worst_slow = max(slow)
-            if worst_slow < EFFECT_PCT / 100:
-                parts.append(f"the side-stream lookup slows the main-stream compute by at most "
-                             f"{worst_slow * 100:.1f}% (below {EFFECT_PCT:.0f}%: no measurable SM stealing)")
+        ranked = sorted(by_path.items(), key=lambda kv: -max(num(r["overlap_efficiency"]) for r in kv[1]))
+        for path, prs in ranked:
+            best = max(prs, key=lambda r: (num(r["overlap_efficiency"]), num(r.get("compute_us")) or 0))
+            eff = num(best["overlap_efficiency"])
+            lookup = num(best.get("lookup_ms"))
+            lk = f" of its {fmt(lookup)} ms lookup" if lookup is not None else ""
+            if eff < HIDES_NOTHING:
+                cases = "its 1 prefetch case" if len(prs) == 1 else f"all {len(prs)} prefetch cases"
+                p = (f"{path} hides nothing{lk} (overlap efficiency below {HIDES_NOTHING:.0%} in "
+                     f"{cases}, {_cu_range(prs)})")
             else:
-                parts.append(f"the side-stream lookup slows the main-stream compute by up to "
-                             f"{worst_slow * 100:.0f}%")
-        overhead = [num(r.get("offload_overhead")) for r in rs if num(r.get("offload_overhead")) is not None]
-        if overhead:
-            parts.append(f"offload overhead vs the device-resident table {min(overhead) * 100:+.1f}% to "
-                         f"{max(overhead) * 100:+.1f}% of step time")
+                cfg = step_config_label(best, axes).split(", ", 1)[1:] if axes else []
+                exposed = num(best.get("exposed_ms"))
+                ex = ("" if exposed is None else f", exposed {fmt(exposed)} ms" if exposed >= 0
+                      else f", exposed 0 ms (measured {fmt(exposed)})")
+                p = (f"{path} hides at best {eff * 100:.0f}%{lk} at compute_us = {fmt(best.get('compute_us'))}"
+                     + (f" ({cfg[0]})" if cfg else "") + ex)
+            slow = _slowdowns(prs)
+            if slow:
+                p += f"; it slows the main-stream compute by {_range_pct(slow)}"
+                base = _slowdowns([r for r in rs if path_of(r) == path and not r.get("prefetch")])
+                if base:
+                    p += f" (without prefetch {_range_pct(base)})"
+            parts.append(p)
         if parts:
-            out.append(Finding("overlap", f"{impl} with prefetch: " + "; ".join(parts) + "."))
+            out.append(Finding("overlap", f"{where}, with prefetch: " + "; ".join(parts) + ".",
+                               group="overlap"))
+        overhead: dict[str, list[float]] = {}
+        for r in rs:
+            if num(r.get("offload_overhead")) is not None:
+                overhead.setdefault(path_of(r), []).append(num(r["offload_overhead"]) * 100)
+        if overhead:
+            ov = "; ".join(f"{path} {_range_pct(v)} ({len(v)} case{'s' if len(v) != 1 else ''})"
+                           for path, v in sorted(overhead.items()))
+            out.append(Finding("overlap", f"{where}: step time vs the same step with the device-resident table "
+                                          f"(offload overhead) — {ov}.", group="overlap"))
+    return out
+
+
+def _slowdowns(rs: Sequence[dict[str, Any]]) -> list[float]:
+    """compute_slowdown in % where there is compute to slow (compute_us > 0)."""
+    return [num(r["compute_slowdown"]) * 100 for r in rs
+            if num(r.get("compute_slowdown")) is not None and (num(r.get("compute_us")) or 0) > 0]
+
+
+def _speed_words(time_ratios: Sequence[float]) -> str:
+    """Time ratios (path / reference) as plain speed words."""
+    lo, hi = min(time_ratios), max(time_ratios)
+    tol = 1 + EFFECT_PCT / 100
+
+    def span(a: float, b: float) -> str:
+        return f"{a:.2f}×" if abs(a - b) < 0.005 else f"{a:.2f}–{b:.2f}×"
+
+    if lo >= 1 / tol and hi <= tol:
+        return f"the same speed within {EFFECT_PCT:.0f}%"
+    if lo >= 1:
+        return span(lo, hi) + " slower" + (f" (partly within {EFFECT_PCT:.0f}%)" if lo <= tol else "")
+    if hi <= 1:
+        return span(1 / hi, 1 / lo) + " faster" + (f" (partly within {EFFECT_PCT:.0f}%)" if hi >= 1 / tol else "")
+    return f"between {1 / lo:.2f}× faster and {hi:.2f}× slower (mixed)"
+
+
+def path_ranking_findings(run: Run) -> list[Finding]:
+    """One finding per workload measured on several paths: the fastest and how
+    the others compare (time ratio to the fastest)."""
+    out = []
+    for g in path_groups(run, min_paths=3):  # two-path workloads: see path_vs_reference_findings
+        best = g.fastest
+        t0 = num(best.get("median_ms"))
+        shares = ceiling_shares(run, best)
+        ceil = []
+        if shares.get("pct_h2d") is not None:
+            ceil.append(f"{shares['pct_h2d']:.0f}% of H2D")
+        if shares.get("pct_pinned_rr") is not None:
+            ceil.append(f"{shares['pct_pinned_rr']:.0f}% of pinned random-row")
+        head = (f"{g.label}: fastest {path_of(best)}, {fmt(t0)} ms, {fmt(best.get('gbps'))} GB/s"
+                + (f" ({', '.join(ceil)})" if ceil else ""))
+        rest = [f"{path_of(r)} {num(r.get('median_ms')) / t0:.2f}×" for r in g.records[1:]]
+        out.append(Finding("lookup paths", head + "; then (× its time) " + ", ".join(rest) + ".",
+                           group="paths"))
+    return out
+
+
+def path_vs_reference_findings(run: Run) -> list[Finding]:
+    """Each path against the default pinned path (pinned_uva · triton_reference)
+    on the same workloads, by token count."""
+    out = []
+    ratios: dict[str, dict[tuple, list[float]]] = {}
+    for g in path_groups(run):
+        ref = g.reference
+        if ref is None:
+            continue
+        for r in g.records:
+            if r is ref:
+                continue
+            tokens = (num(r.get("num_tokens")) or 0.0, num(r.get("num_heads")) or 1.0)
+            ratios.setdefault(path_of(r), {}).setdefault(tokens, []).append(
+                num(r.get("median_ms")) / num(ref.get("median_ms")))
+    for path, by_tokens in sorted(ratios.items()):
+        parts = []
+        for (tokens, heads), rs in sorted(by_tokens.items()):
+            t = f"{int(tokens)} tokens" + (f" × {int(heads)} heads" if heads > 1 else "")
+            parts.append(f"at {t} {_speed_words(rs)} ({len(rs)} workload{'s' if len(rs) != 1 else ''})")
+        out.append(Finding("lookup paths", f"{path} vs {REFERENCE_PATH} on the same workloads: "
+                           + "; ".join(parts) + ".", group="paths"))
+    return out
+
+
+def hot_cache_findings(run: Run) -> list[Finding]:
+    out = []
+    recs = [r for r in _lookups(run) if int(num(r.get("cache_rows")) or 0) > 0 and num(r.get("gbps")) is not None]
+    if not recs:
+        return out
+    rates = [(r, hit_rate(r)) for r in recs]
+    recorded = [(r, h) for r, h in rates if h is not None]
+    best = max(recs, key=lambda r: num(r["gbps"]))
+    shares = ceiling_shares(run, best)
+    text = f"{path_of(best)} (cache of {fmt(int(num(best['cache_rows'])))} rows)"
+    if recorded:
+        hs = [h * 100 for _, h in recorded]
+        text += f": hit rate {min(hs):.0f}%–{max(hs):.0f}% over {len(hs)} lookups"
+    else:
+        text += ": hit rate not recorded in this run"
+    text += f"; best {fmt(best['gbps'])} GB/s at {workload_label(best)}"
+    if shares.get("pct_h2d") is not None:
+        text += f", {shares['pct_h2d']:.0f}% of the H2D copy ceiling"
+        if shares["pct_h2d"] > 100:
+            text += " — more than the host link can carry, so most rows came from the GPU-resident cache"
+    rows = num(best.get("rows")) or ((num(best.get("num_tokens")) or 0) * (num(best.get("num_heads")) or 1))
+    if not recorded and rows and num(best["cache_rows"]) >= rows:
+        text += (f". The cache can hold every one of the {fmt(int(rows))} ids looked up: if it was warmed on "
+                 f"them this is an all-hit best case, not what a cache this size gives on a real id stream")
+    out.append(Finding("hot cache", text + ".", "warn" if not recorded else "info", group="paths"))
+    return out
+
+
+def ids_findings(run: Run) -> list[Finding]:
+    """Skewed (zipf, ngram) ids vs uniform ids, matched cases, per path and token count."""
+    out = []
+    recs = _lookups(run)
+    by_path: dict[tuple[str, str], dict[tuple, list[tuple[str, float]]]] = {}
+    for g in pairs([r for r in recs if num(r.get("median_ms"))], "ids"):
+        if "uniform" not in g:
+            continue
+        base = g["uniform"]
+        for ids, r in g.items():
+            if ids == "uniform":
+                continue
+            tokens = (num(r.get("num_tokens")) or 0.0, num(r.get("num_heads")) or 1.0)
+            by_path.setdefault((path_of(r), str(ids)), {}).setdefault(tokens, []).append(
+                (fmt_bytes(r.get("table_bytes")), num(r.get("median_ms")) / num(base.get("median_ms"))))
+    for (path, ids), by_tokens in sorted(by_path.items()):
+        parts = []
+        for (tokens, heads), rows in sorted(by_tokens.items()):
+            tables = ", ".join(dict.fromkeys(t for t, _ in rows if t))
+            t = f"{int(tokens)} tokens" + (f" × {int(heads)} heads" if heads > 1 else "")
+            parts.append(f"at {t} {_speed_words([x for _, x in rows])}" + (f" ({tables} tables)" if tables else ""))
+        out.append(Finding("ids", f"{path}: {ids} ids vs uniform — " + "; ".join(parts) + ".", group="paths"))
     return out
 
 
@@ -340,10 +530,11 @@ def findings(run: Run) -> list[Finding]:
     if not run.ceilings and any(num(r.get("gbps")) for r in run.ok):
         out.append(Finding("ceiling", "No bandwidth ceilings were measured on this run, so GB/s cannot be put "
                                       "against what the hardware can do."))
-    for fn in (ceiling_findings, table_size_findings, dtype_findings, prefetch_findings, overlap_findings,
-               topology_findings, graph_and_cache_findings, noise_findings):
+    for fn in (ceiling_findings, dtype_findings, topology_findings, graph_and_cache_findings,
+               path_ranking_findings, path_vs_reference_findings, table_size_findings, ids_findings,
+               hot_cache_findings, overlap_findings, prefetch_findings, noise_findings):
         out += fn(run)
     return out
 
 
-__all__ = ["Finding", "findings", "pct_of_ceiling"]
+__all__ = ["Finding", "GROUP_TITLES", "findings", "pct_of_ceiling"]

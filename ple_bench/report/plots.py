@@ -18,7 +18,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from .data import Run, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology, topology_label
+from .data import (
+    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology,
+    topology_label,
+)
+from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label
 
 DPI = 96
 LINESTYLES = {"bf16": "-", "fp8": "--", "fp16": ":", "fp32": "-."}
@@ -32,6 +36,7 @@ class Plot:
     title: str
     caption: str
     data_uri: str
+    section: str = "general"  # general | paths | overlap: where the page shows it
 
 
 def _to_uri(fig: Figure) -> str:
@@ -137,56 +142,235 @@ def _lookups(run: Run) -> list[dict[str, Any]]:
     return single or recs
 
 
+def _path_colors(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """One colour per lookup path, stable within a figure (sorted by name)."""
+    paths = sorted({path_of(r) for r in records})
+    return {p: f"C{i % 10}" for i, p in enumerate(paths)}
+
+
+def _figure_legend(fig: Figure, axes: Sequence[Any], ncol: int = 1) -> None:
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=8,
+                   ncol=ncol, title="path, dtype" if ncol else None, title_fontsize=8)
+
+
+def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> None:
+    """H2D copy and random-row ceilings at the records' row size (pinned and/or device)."""
+    names: dict[str, float] = {}
+    impls = {str(r.get("impl")) for r in records}
+    rbs = {num(r.get("row_bytes")) for r in records}
+    rb = rbs.pop() if len(rbs) == 1 else None
+    if any(i.startswith("pinned") for i in impls):
+        for base in ("h2d_gbps", "pinned_random_row_gbps"):
+            hit = run.row_ceiling(base, rb)
+            if hit:
+                names[hit[0]] = hit[1]
+    if "device" in impls:
+        hit = run.row_ceiling("device_random_row_gbps", rb)
+        if hit:
+            names[hit[0]] = hit[1]
+    for i, (name, value) in enumerate(sorted(names.items(), key=lambda kv: kv[1])):
+        ax.axhline(value, color="0.35", linestyle=(0, (4, 2 + i)), linewidth=1)
+        ax.annotate(f"{name} {fmt(value)} GB/s", xy=(0.995, value), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", fontsize=7, color="0.25")
+
+
 def plot_bandwidth(run: Run, x: str) -> Plot | None:
-    recs = [r for r in _lookups(run) if num(r.get("gbps")) is not None or num(r.get("rows_per_s")) is not None]
-    if not (_has_sweep(recs, x, "gbps", ["impl", "dtype"]) or _has_sweep(recs, x, "rows_per_s", ["impl", "dtype"])):
+    """GB/s along table size (or row size), one panel per token count, one line per path and dtype."""
+    recs = [r for r in _lookups(run) if num(r.get("gbps")) is not None]
+    plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
+    recs = plain if _has_sweep(plain, x, "gbps", ["path", "dtype"]) else recs
+    by_tokens: dict[float, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
+    panels = [(t, rs) for t, rs in sorted(by_tokens.items()) if _has_sweep(rs, x, "gbps", ["path", "dtype"])]
+    if not panels:
         return None
+    panels = sorted(panels, key=lambda p: -len(p[1]))[:4]
+    panels.sort(key=lambda p: p[0])
     what = "table size" if x == "table_bytes" else "row size"
-    fig, (ax1, ax2) = _figure(2, f"Lookup throughput vs {what}", run)
-    _, fixed = _series_plot(ax1, [r for r in recs if num(r.get("gbps")) is not None], x, "gbps", ["impl", "dtype"])
-    _draw_ceilings(ax1, run, recs)
-    ax1.set_title("GB/s (rows moved × row bytes / median time)", fontsize=10)
-    _series_plot(ax2, [r for r in recs if num(r.get("rows_per_s")) is not None], x, "rows_per_s", ["impl", "dtype"])
-    ax2.set_title("rows/s", fontsize=10)
-    xlabel = "table size (bytes, log scale)" if x == "table_bytes" else "row size (bytes, log scale)"
-    _finish(ax1, xlabel, "GB/s (log scale)", logx=True, logy=True, xbase=2, bytes_x=True)
-    _finish(ax2, xlabel, "rows/s (log scale)", logx=True, logy=True, xbase=2, bytes_x=True)
-    caption = (f"Single-GPU lookups, one line per backend and dtype; dashed horizontal lines are the ceilings "
-               f"measured on this run.")
-    return Plot(f"bandwidth_vs_{x}", f"Throughput vs {what}", _caption(caption, fixed), _to_uri(fig))
+    fig = Figure(figsize=(4.6 * len(panels) + 2.6, 4.4), layout="constrained")
+    axes = list(fig.subplots(1, len(panels), squeeze=False, sharey=True)[0])
+    fig.suptitle(f"Lookup GB/s vs {what}" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
+                 color="#a00" if run.functional else "black")
+    colors = _path_colors(recs)
+    fixed_texts = []
+    for ax, (tokens, rs) in zip(axes, panels):
+        sl = slice_series(rs, x, ["path", "dtype"], max_series=10)
+        for i, (key, srs) in enumerate(sorted(sl.series.items(), key=lambda kv: str(kv[0]))):
+            pts = points(srs, x, "gbps")
+            if not pts:
+                continue
+            kv = dict(zip(sl.label_axes, key))
+            path = str(kv.get("path"))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors.get(path, "C0"),
+                    linestyle=LINESTYLES.get(str(kv.get("dtype")), "-"),
+                    marker=MARKERS[sorted(colors).index(path) % len(MARKERS)] if path in colors else "o",
+                    markersize=5, label=sl.label(key))
+        _row_ceiling_lines(ax, run, rs)
+        heads = {num(r.get("num_heads")) for r in rs}
+        h = heads.pop() if len(heads) == 1 else None
+        ax.set_title(f"{int(tokens)} tokens" + (f" × {int(h)} heads" if h and h > 1 else ""), fontsize=10)
+        xlabel = "table size (log scale)" if x == "table_bytes" else "row size (log scale)"
+        _finish(ax, xlabel, "GB/s (log scale)" if ax is axes[0] else "", logx=True, logy=True, xbase=2,
+                bytes_x=True)
+        if ax.get_legend():
+            ax.get_legend().remove()
+        if sl.fixed:
+            fixed_texts.append(f"{int(tokens)} tokens: {sl.fixed_text()}")
+    _figure_legend(fig, axes)
+    caption = ("Single-GPU lookups without prefetch, eager; one panel per token count, one colour per lookup path "
+               "(impl · kernel), line style per dtype. Dashed horizontal lines: the H2D copy and random-row "
+               "ceilings measured on this run at these rows' size.")
+    if fixed_texts:
+        caption += " Pinned to keep lines comparable — " + "; ".join(fixed_texts) + "."
+    return Plot(f"bandwidth_vs_{x}", f"GB/s vs {what}", caption, _to_uri(fig))
 
 
 def plot_latency_vs_tokens(run: Run) -> Plot | None:
     recs = [r for r in _lookups(run) if num(r.get("median_ms")) is not None]
-    if not _has_sweep(recs, "num_tokens", "median_ms", ["impl", "dtype"]):
+    plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
+    recs = plain if _has_sweep(plain, "num_tokens", "median_ms", ["path", "dtype"]) else recs
+    if not _has_sweep(recs, "num_tokens", "median_ms", ["path", "dtype"]):
         return None
-    fig, (ax,) = _figure(1, "Lookup latency vs tokens", run, height=4.6)
-    _, fixed = _series_plot(ax, recs, "num_tokens", "median_ms", ["impl", "dtype"], band=("p10_ms", "p90_ms"))
+    fig = Figure(figsize=(10.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    fig.suptitle("Lookup latency vs tokens" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
+                 color="#a00" if run.functional else "black")
+    _, fixed = _series_plot(ax, recs, "num_tokens", "median_ms", ["path", "dtype"], band=("p10_ms", "p90_ms"))
     _finish(ax, "tokens per step (per DP rank, log scale)", "median latency (ms, log scale)",
             logx=True, logy=True, xbase=2)
+    if ax.get_legend():
+        ax.get_legend().remove()
+    _figure_legend(fig, [ax])
     caption = "Median lookup time; bars span the 10th to 90th percentile of the samples."
     return Plot("latency_vs_tokens", "Latency vs tokens", _caption(caption, fixed), _to_uri(fig))
 
 
-def plot_step_overlap(run: Run) -> Plot | None:
-    steps = [r for r in run.ok if r.get("kind") == "step"]
-    panels = [(y, label) for y, label in (
-        ("step_ms", "decode step time (ms)"),
-        ("exposed_ms", "exposed lookup time (ms)"),
-        ("overlap_efficiency", "overlap efficiency (hidden share, 0–1)"),
-    ) if _has_sweep(steps, "compute_us", y, ["impl", "prefetch"])]
-    if not panels:
+def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
+    """Grouped bars: every lookup path at each workload measured on 3+ paths (else 2+):
+    GB/s against the ceilings, and speed relative to the default pinned path."""
+    groups = path_groups(run, min_paths=3) or path_groups(run, min_paths=2)
+    if not groups:
         return None
-    fig, axes = _figure(len(panels), "Decode step: lookup hidden behind compute", run)
-    fixed = ""
-    for ax, (y, label) in zip(axes, panels):
-        _, fixed = _series_plot(ax, [r for r in steps if num(r.get(y)) is not None], "compute_us", y,
-                                ["impl", "prefetch"])
-        ax.set_title(label, fontsize=10)
-        _finish(ax, "main-stream compute per step (µs)", label)
-    caption = ("Synthetic decode steps: the lookup runs beside compute_us of main-stream work. Exposed time is "
-               "the part of the lookup not hidden by the compute; overlap efficiency is the hidden share.")
-    return Plot("step_overlap", "Exposed time and overlap vs compute", _caption(caption, fixed), _to_uri(fig))
+    groups = sorted(groups, key=lambda g: -len(g.records))[:max_groups]
+    order = {id(g): i for i, g in enumerate(path_groups(run))}
+    groups.sort(key=lambda g: order.get(id(g), 0))
+    paths = sorted({p for g in groups for p in g.paths})
+    colors = {p: f"C{i % 10}" for i, p in enumerate(paths)}
+    has_ref = any(g.reference is not None for g in groups)
+    fig = Figure(figsize=(max(9.0, 1.25 * len(groups) * (1 + 0.12 * len(paths))) + 2.8, 8.2 if has_ref else 4.6),
+                 layout="constrained")
+    axes = list(fig.subplots(2 if has_ref else 1, 1, squeeze=False, sharex=True)[:, 0])
+    fig.suptitle("Lookup paths side by side" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
+                 color="#a00" if run.functional else "black")
+    width = 0.8 / len(paths)
+    for gi, g in enumerate(groups):
+        ref = g.reference
+        for r in g.records:
+            pi = paths.index(path_of(r))
+            xpos = gi + (pi - (len(paths) - 1) / 2) * width
+            axes[0].bar(xpos, num(r.get("gbps")) or 0.0, width=width, color=colors[path_of(r)], label=path_of(r))
+            if has_ref and ref is not None:
+                speed = num(ref.get("median_ms")) / num(r.get("median_ms"))
+                axes[1].bar(xpos, speed, width=width, color=colors[path_of(r)], label=path_of(r))
+    rbs = {num(g.fastest.get("row_bytes")) for g in groups}
+    rb = rbs.pop() if len(rbs) == 1 else None
+    for i, base in enumerate(("h2d_gbps", "pinned_random_row_gbps")):
+        hit = run.row_ceiling(base, rb)
+        if hit:
+            axes[0].axhline(hit[1], color="0.3", linestyle=(0, (4, 2 + 2 * i)), linewidth=1)
+            axes[0].annotate(f"{hit[0]} {fmt(hit[1])} GB/s", xy=(0.995, hit[1]),
+                             xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=7, color="0.2")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("GB/s (log scale)")
+    axes[0].set_title("GB/s (rows moved × row bytes / median time)", fontsize=10)
+    axes[0].grid(True, axis="y", which="major", alpha=0.3)
+    if has_ref:
+        axes[1].axhline(1.0, color="0.3", linewidth=1)
+        axes[1].set_yscale("log")
+        axes[1].yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}×"))
+        axes[1].set_ylabel(f"speed vs {REFERENCE_PATH}\n(>1 faster, log scale)")
+        axes[1].set_title(f"speed relative to {REFERENCE_PATH} at the same workload", fontsize=10)
+        axes[1].grid(True, axis="y", which="major", alpha=0.3)
+    labels = [g.label.replace(", ", "\n", 1).replace(" tokens × ", " tok × ").replace(" heads", " h") for g in groups]
+    axes[-1].set_xticks(range(len(groups)), [lab.replace(", ", "\n") for lab in labels], fontsize=8)
+    _figure_legend(fig, axes)
+    caption = ("Single-GPU lookups; each group is one workload (same dtype, row size, table size, tokens, heads, "
+               "ids, graph and prefetch setting) measured on several paths (impl · kernel; kernel \"\" is the "
+               "backend's default). Dashed lines: the H2D copy and pinned random-row ceilings at this row size. "
+               "Exact numbers and % of every ceiling are in the table below.")
+    return Plot("paths", "Lookup paths side by side", caption, _to_uri(fig), section="paths")
+
+
+_STEP_STYLES = {(True, "eager"): "-", (True, "breakable"): "--", (True, "full"): "-.",
+                (False, "eager"): ":", (False, "breakable"): ":", (False, "full"): ":"}
+
+
+def plot_step_overlap(run: Run) -> list[Plot]:
+    """Per token count at the decode shape: exposed lookup time, overlap
+    efficiency (0–100%) and compute slowdown vs compute_us, one line per
+    path / prefetch / graph mode / stream priority."""
+    recs, shape = decode_steps(run)
+    recs = [r for r in recs if num(r.get("compute_us")) is not None]
+    if not recs:
+        return []
+    axes_names = step_config_axes(recs)
+    by_tokens: dict[float, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
+    colors = _path_colors(recs)
+    out = []
+    for tokens, rs in sorted(by_tokens.items()):
+        panels = [(y, label) for y, label in (
+            ("exposed_ms", "exposed lookup time (ms)"),
+            ("overlap_efficiency", "overlap efficiency (% of the lookup hidden)"),
+            ("compute_slowdown", "compute slowdown (% vs compute alone)"),
+        ) if sum(1 for r in rs if num(r.get(y)) is not None) >= 2]
+        if not panels or len({num(r.get("compute_us")) for r in rs}) < 2:
+            continue
+        series: dict[str, list[dict[str, Any]]] = {}
+        for r in rs:
+            series.setdefault(step_config_label(r, axes_names), []).append(r)
+        fig = Figure(figsize=(4.4 * len(panels) + 3.6, 4.2), layout="constrained")
+        axes = list(fig.subplots(1, len(panels), squeeze=False)[0])
+        title = f"Decode step at {int(tokens)} tokens" + (f" ({shape})" if shape else "")
+        fig.suptitle(title + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
+                     color="#a00" if run.functional else "black")
+        for si, (label, srs) in enumerate(sorted(series.items())):
+            r0 = srs[0]
+            style = {"color": colors.get(path_of(r0), "C0"),
+                     "linestyle": _STEP_STYLES.get((bool(r0.get("prefetch")), str(r0.get("graph") or "eager")), "-"),
+                     "marker": MARKERS[si % len(MARKERS)], "markersize": 5}
+            for ax, (y, _label) in zip(axes, panels):
+                scale = 100.0 if y in ("overlap_efficiency", "compute_slowdown") else 1.0
+                pts = points(srs, "compute_us", y)
+                if y == "compute_slowdown":
+                    pts = [p for p in pts if p[0] > 0]  # no compute, nothing to slow
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], label=label, **style)
+        for ax, (y, label) in zip(axes, panels):
+            ax.set_title(label, fontsize=10)
+            _finish(ax, "main-stream compute per step (µs)", label)
+            if y == "overlap_efficiency":
+                ax.set_ylim(-5, 105)
+            if y == "compute_slowdown":
+                ax.axhline(0, color="0.4", linewidth=1)
+            if ax.get_legend():
+                ax.get_legend().remove()
+        _figure_legend(fig, axes)
+        caption = ("Synthetic decode steps: the lookup runs beside compute_us of main-stream work. Exposed time is "
+                   "the part of the lookup not hidden by the compute; overlap efficiency the hidden share; compute "
+                   "slowdown how much longer the compute takes with the lookup beside it (compute_us = 0 left out). "
+                   "Colour: path; solid/dashed/dash-dot: prefetch with eager/breakable/full graph; dotted: no "
+                   "prefetch.")
+        out.append(Plot(f"step_overlap_t{int(tokens)}", f"Overlap at {int(tokens)} tokens", caption, _to_uri(fig),
+                        section="overlap"))
+    return out
 
 
 def plot_topology(run: Run) -> Plot | None:
@@ -241,13 +425,16 @@ def make_plots(run: Run) -> list[Plot]:
         lambda: plot_bandwidth(run, "table_bytes"),
         lambda: plot_bandwidth(run, "row_bytes"),
         lambda: plot_latency_vs_tokens(run),
-        lambda: plot_step_overlap(run),
         lambda: plot_topology(run),
+        lambda: plot_paths(run),
+        lambda: plot_step_overlap(run),
     ]
     out = []
     for make in makers:
         plot = make()
-        if plot is not None:
+        if isinstance(plot, list):
+            out += plot
+        elif plot is not None:
             out.append(plot)
     return out
 
