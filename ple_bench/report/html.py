@@ -25,7 +25,8 @@ from .data import (
     ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
     topology_label,
 )
-from .findings import findings, pct_of_ceiling
+from .findings import GROUP_TITLES, findings, pct_of_ceiling
+from .sections import ceiling_shares, decode_steps, hit_rate, path_groups, path_of, step_config_axes
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATUS_ORDER = ("ok", "skipped", "failed", "invalid")
@@ -166,6 +167,91 @@ def _sorted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(records, key=key)
 
 
+# ------------------------------------------------------- side-by-side tables
+
+def _pct(v: Any) -> str:
+    return "" if num(v) is None else f"{num(v):.0f}%"
+
+
+def _times(v: Any) -> str:
+    return "" if num(v) is None else f"{num(v):.2f}×"
+
+
+def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
+    """Every lookup path at each workload measured on two or more paths, with
+    GB/s and rows/s as shares of the stored ceilings and the time ratios."""
+    rows: list[dict[str, Any]] = []
+    for g in path_groups(run):
+        t0 = num(g.fastest.get("median_ms"))
+        ref = g.reference
+        for r in g.records:
+            t = num(r.get("median_ms"))
+            row = {"workload": g.label, "path": path_of(r), "cache_rows": r.get("cache_rows") or None,
+                   "median_ms": t, "vs_fastest": t / t0, "status": "ok",
+                   "vs_reference": t / num(ref.get("median_ms")) if ref is not None else None,
+                   "gbps": r.get("gbps"), "rows_per_s": r.get("rows_per_s"), "hit_rate": hit_rate(r),
+                   "case_id": r.get("case_id")}
+            row.update(ceiling_shares(run, r))
+            rows.append(row)
+    cols = [
+        Column("workload", "workload", "text"),
+        Column("path", "path (impl · kernel)", "text"),
+        Column("cache_rows", "cache rows"),
+        Column("median_ms", "median ms"),
+        Column("vs_fastest", "× fastest's time", formatter=_times, help="time / the fastest path's time here"),
+        Column("vs_reference", "× reference time", formatter=_times,
+               help="time / pinned_uva · triton_reference's time at this workload"),
+        Column("rows_per_s", "rows/s"),
+        Column("pct_pinned_rr_rows", "% pinned random-row rows/s", formatter=_pct,
+               help="rows/s against the pinned random-row gather ceiling at this row size"),
+        Column("gbps", "GB/s"),
+        Column("pct_h2d", "% H2D copy", formatter=_pct, help="GB/s against the H2D copy ceiling"),
+        Column("pct_pinned_rr", "% pinned random-row", formatter=_pct,
+               help="GB/s against the pinned random-row gather ceiling at this row size"),
+        Column("pct_device_rr", "% device random-row", formatter=_pct,
+               help="GB/s against the device random-row gather ceiling at this row size"),
+        Column("pct_d2d", "% D2D copy", formatter=_pct, help="GB/s against the D2D copy ceiling"),
+        Column("hit_rate", "hit rate", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.1f}%"),
+        Column("case_id", "case", "text"),
+    ]
+    cols = [c for c in cols if c.key in ("workload", "path") or any(c.raw(r) not in (None, "") for r in rows)]
+    return cols, table_rows(cols, rows)
+
+
+def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
+    recs, shape = decode_steps(run)
+    recs = sorted(recs, key=lambda r: (num(r.get("num_tokens")) or 0, path_of(r), not r.get("prefetch"),
+                                       str(r.get("graph")), num(r.get("stream_priority")) or 0,
+                                       num(r.get("compute_us")) or 0))
+    axes = step_config_axes(recs)
+    cols = [
+        Column("num_tokens", "tokens"),
+        Column("path", "path (impl · kernel)", "text", getter=path_of),
+        Column("prefetch", "prefetch", "text"),
+        Column("graph", "graph", "text"),
+        Column("stream_priority", "stream prio"),
+        Column("ids", "ids", "text"),
+        Column("compute_us", "compute µs"),
+        Column("step_ms", "step ms"),
+        Column("lookup_ms", "lookup ms", help="the lookup alone"),
+        Column("compute_ms", "compute ms"),
+        Column("exposed_ms", "exposed ms", help="lookup time not hidden behind compute"),
+        Column("overlap_efficiency", "overlap eff.", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.0f}%",
+               help="share of the lookup hidden behind compute"),
+        Column("compute_slowdown", "compute slowdown", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.0f}%",
+               help="in-step compute / compute alone - 1"),
+        Column("offload_overhead", "offload overhead",
+               formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.0f}%",
+               help="step time / the same step with the device-resident table - 1"),
+        Column("graph_break_cost_ms", "graph break cost ms"),
+        Column("case_id", "case", "text"),
+    ]
+    keep = {"num_tokens", "path", "prefetch", "compute_us"} | set(axes)
+    cols = [c for c in cols if c.key in keep or (c.key not in ("graph", "stream_priority", "ids")
+                                                   and any(c.raw(r) not in (None, "") for r in recs))]
+    return cols, table_rows(cols, recs), shape
+
+
 # ----------------------------------------------------------------- metadata
 
 def meta_rows(run: Run) -> list[tuple[str, str]]:
@@ -303,11 +389,21 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     ceilings = [(name, fmt(value) + " GB/s") for name, value in sorted(run.ceilings.items())]
     ceilings += [(name, fmt(value)) for name, value in sorted(run.ceiling_notes.items())]
     trend = build_trend(run, history_dirs) if history_dirs else None
+    all_findings = findings(run)
+    finding_groups = [(GROUP_TITLES[g], [f for f in all_findings if f.group == g])
+                      for g in GROUP_TITLES if any(f.group == g for f in all_findings)]
+    plots = make_plots(run)
+    path_cols, path_rows = path_table(run)
+    step_cols, step_rows, step_shape = step_table(run)
     html = render_page(
         "report.html",
         run=run, device_name=_device_name(run), timer=run.meta.get("timer") or _record_value(run, "timer") or "?",
         counts=counts, n_records=len(records), run_status=str(run.meta.get("status") or "unknown"),
-        findings=findings(run), meta_rows=meta_rows(run), ceilings=ceilings, plots=make_plots(run),
+        findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), ceilings=ceilings,
+        plots=[p for p in plots if p.section == "general"],
+        path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
+        step_plots=[p for p in plots if p.section == "overlap"], step_columns=step_cols, step_rows=step_rows,
+        step_shape=step_shape,
         trend=trend, columns=columns, rows=table_rows(columns, records),
         statuses=[s for s in counts if counts[s]],
         not_measured=not_measured, nm_columns=nm_columns, nm_rows=table_rows(nm_columns, not_measured),

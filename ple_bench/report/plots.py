@@ -148,14 +148,15 @@ def _path_colors(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     return {p: f"C{i % 10}" for i, p in enumerate(paths)}
 
 
-def _figure_legend(fig: Figure, axes: Sequence[Any], ncol: int = 1) -> None:
+def _figure_legend(fig: Figure, axes: Sequence[Any], title: str | None = None) -> None:
+    """One legend for all panels, outside on the right (labels deduplicated)."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
     if handles:
         fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=8,
-                   ncol=ncol, title="path, dtype" if ncol else None, title_fontsize=8)
+                   title=title, title_fontsize=8)
 
 
 def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> None:
