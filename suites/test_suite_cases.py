@@ -9,7 +9,9 @@ Each test, in this process, on ple_bench's engine:
    and measures the case with :func:`ple_bench.measure.measure` -- ``SkipCase`` ->
    skipped, ``InvalidCase`` -> failed (a wrong result is never timed);
 3. ``benchmark.pedantic`` times the same lookup (or the decode step of a
-   ``kind="step"`` case), one call per round followed by ``torch.cuda.synchronize()``
+   ``kind="step"`` case), rotating through the same id sets as the engine (policy
+   ``id_sets``; a graph replay repeats the first set), one call per round followed
+   by ``torch.cuda.synchronize()``
    on CUDA, so pytest-benchmark's host timer sees completed GPU work
    (``extra_info["timer"] = "host+sync"``; ``"host"`` on a CPU);
 4. ``benchmark.extra_info`` gets the case axes and the engine's own measurement
@@ -20,17 +22,15 @@ Each test, in this process, on ple_bench's engine:
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
 from ple_bench.executor import InvalidCase, SkipCase, _grid_cap
 from ple_bench.parallel import Topology
 
-#: the step's id sets, as CaseExecutor._run_step makes them (fresh rows each step)
-STEP_ID_SETS = 8
-STEP_SEED_STRIDE = 7919
+#: a step rotates through at least this many id sets when the policy gives fewer
+#: (as CaseExecutor._run_step does: fresh rows each step)
+STEP_MIN_ID_SETS = 8
 
 
 def _engine_fields(rec: dict) -> dict:
@@ -54,21 +54,20 @@ def _sync_after(fn, device: torch.device):
     return timed
 
 
-def _lookup_target(executor, case, backend, ids):
+def _lookup_target(executor, case, backend, id_sets):
     from ple_bench import measure as m
 
-    fn = executor._lookup_fn(case, backend, ids, None)
-    if case.graph == "full":  # the engine timed graph replays; so do we
+    if case.graph == "full":
+        # the engine timed graph replays; so do we (a graph bakes in its ids: the first set)
+        fn = executor._lookup_fn(case, backend, id_sets[0], None)
         graph = m.capture_graph(fn, executor.device, label="lookup_graph")
         return graph.replay, None
-    return fn, None
+    return executor._lookup_fn(case, backend, id_sets, None), None  # one id set per call, in turn
 
 
-def _step_target(executor, case, backend, topo):
+def _step_target(executor, case, backend, sets):
     from ple_bench import step as step_mod
 
-    sets = [executor.ids_for(replace(case, seed=case.seed + STEP_SEED_STRIDE * k), topo)
-            for k in range(STEP_ID_SETS)]
     step = step_mod.DecodeStep(backend, hidden=case.hidden, num_tokens=case.num_tokens,
                                compute_us=case.compute_us, prefetch=case.prefetch, graph=case.graph,
                                device=executor.device)
@@ -106,17 +105,21 @@ def test_case(benchmark, ple_case, ple_session):
     topo = Topology(case.tp, case.etp, case.dp)
     backend = executor.table.backend
     device = executor.device
+    # the id sets the engine rotated through (CaseExecutor.run): same seeds, same order
+    id_sets = executor.id_sets_for(case, topo, getattr(ple_session.policy, "id_sets", 1))
+    if case.kind == "step" and len(id_sets) < 2:
+        id_sets = executor.id_sets_for(case, topo, STEP_MIN_ID_SETS)
     with _grid_cap(case, backend):
         if case.kind == "step":
-            fn, cleanup = _step_target(executor, case, backend, topo)
+            fn, cleanup = _step_target(executor, case, backend, id_sets)
         else:
-            ids = executor.ids_for(case, topo)
-            fn, cleanup = _lookup_target(executor, case, backend, ids)
+            fn, cleanup = _lookup_target(executor, case, backend, id_sets)
         try:
             benchmark.group = f"{ple_session.suite.name}/{case.kind}"
             benchmark.extra_info.update(
                 suite=ple_session.suite.name, case_id=case.case_id, mode=ple_session.mode,
                 timer="host+sync" if device.type == "cuda" else "host",
+                id_sets=1 if (case.kind == "lookup" and case.graph == "full") else len(id_sets),
                 timed="decode step" if case.kind == "step" else
                       ("lookup graph replay" if case.graph == "full" else "lookup"),
                 **case.axes(),
