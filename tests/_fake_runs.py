@@ -237,3 +237,70 @@ def write_cpu_run(results_dir: str | Path, run_id: str = "20261130-101500-smoke-
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+# ------------------------------------------------------------ lookup paths and overlap
+
+def _planted_lookup(case: Case, median_ms: float, rng: np.random.Generator, **extra: Any) -> dict[str, Any]:
+    ceiling = "d2d_gbps" if case.impl == "device" else "h2d_gbps"
+    return lookup_record(case, noisy(rng, median_ms, 20, 0.005), ceiling, CEILINGS, **extra)
+
+
+def write_paths_run(results_dir: str | Path, run_id: str = "20261130-030000-paths-p1a7", *,
+                    seed: int = 3) -> Path:
+    """Planted lookup-path and decode-step data with known answers:
+
+    * fp8 dim 160, 16 heads.  At 4096 tokens ``pinned_uva · triton_tuned`` takes half
+      the time of the default ``pinned_uva`` kernel (triton_reference) at every table
+      size; at 256 tokens the two are equal.  ``pinned_uva`` appears both with kernel ""
+      and kernel "triton_reference" (the same path).
+    * The default pinned path's GB/s at 4096 tokens falls 4x from 64 MiB to 16 GiB.
+    * zipf:1.1 ids take half the uniform time on the default pinned path at 4096 tokens.
+    * ``pinned_hot_cache`` records a hit rate of 0.37 in ``extra``.
+    * Decode steps: at 64 tokens the prefetching default pinned path hides 100% at
+      compute_us = 400 and slows the compute by 2%; at 512 tokens it hides nothing and
+      slows the compute by 150%, without prefetch by 1%.
+    """
+    rng = np.random.default_rng(seed)
+    records: list[dict[str, Any]] = []
+    base = dict(dtype="fp8", dim=160, num_heads=16)
+    sizes = {"64M": 419_430, "1G": 6_710_886, "16G": 107_374_182}
+    ref_ms = {256: 0.026, 4096: {"64M": 0.30, "1G": 0.60, "16G": 1.20}}
+    for name, vocab in sizes.items():
+        for tokens in (256, 4096):
+            t_ref = ref_ms[256] if tokens == 256 else ref_ms[4096][name]
+            for kernel in ("", "triton_reference"):
+                if kernel and name == "64M":
+                    continue
+                case = Case(impl="pinned_uva", kernel=kernel, vocab_size=vocab, num_tokens=tokens, **base)
+                records.append(_planted_lookup(case, t_ref, rng))
+            if name != "64M":
+                tuned = Case(impl="pinned_uva", kernel="triton_tuned", vocab_size=vocab, num_tokens=tokens, **base)
+                records.append(_planted_lookup(tuned, t_ref / 2 if tokens == 4096 else t_ref, rng))
+                zipf = Case(impl="pinned_uva", ids="zipf:1.1", vocab_size=vocab, num_tokens=tokens, **base)
+                records.append(_planted_lookup(zipf, t_ref / 2 if tokens == 4096 else t_ref, rng))
+                dev = Case(impl="device", vocab_size=vocab, num_tokens=tokens, **base)
+                records.append(_planted_lookup(dev, 0.02 + tokens * 2e-6, rng))
+    hot = Case(impl="pinned_hot_cache", cache_rows=1 << 20, vocab_size=sizes["16G"], num_tokens=4096, **base)
+    records.append(_planted_lookup(hot, 0.4, rng, extra={"hit_rate": 0.37}))
+
+    def step(tokens: int, prefetch: bool, compute_us: float, lookup_ms: float, exposed_ms: float,
+             slowdown: float, graph: str = "eager") -> dict[str, Any]:
+        case = Case(kind="step", impl="pinned_uva", vocab_size=sizes["16G"], num_tokens=tokens, prefetch=prefetch,
+                    compute_us=compute_us, graph=graph, **base)
+        compute_ms = compute_us / 1e3 * (1 + slowdown)
+        step_ms = compute_ms + exposed_ms + 0.004
+        rec = lookup_record(case, noisy(rng, step_ms, 20, 0.005), None, CEILINGS)
+        rec.update({"step_ms": rec["median_ms"], "lookup_ms": lookup_ms, "compute_ms": compute_ms,
+                    "exposed_ms": exposed_ms, "compute_slowdown": slowdown,
+                    "overlap_efficiency": max(0.0, min(1.0, 1 - exposed_ms / lookup_ms)),
+                    "gbps": None, "rows_per_s": None, "ceiling": None, "ceiling_gbps": None,
+                    "pct_of_ceiling": None})
+        return rec
+
+    for cu, exposed in ((0.0, 0.012), (50.0, 0.008), (200.0, 0.004), (400.0, 0.0)):
+        records.append(step(64, True, cu, 0.0156, exposed, 0.02))
+    for cu in (0.0, 50.0, 200.0, 400.0):
+        records.append(step(512, True, cu, 0.215, 0.3, 1.5))
+        records.append(step(512, False, cu, 0.215, 0.3, 0.01, graph="breakable"))
+    return write_run(results_dir, run_id, gpu_meta(run_id, suite="paths"), records)

@@ -63,8 +63,10 @@ def test_gpu_report_is_where_it_belongs_and_self_contained(gpu_report):
     assert not EXTERNAL.search(html), EXTERNAL.search(html).group(0)
     assert "<link" not in html and "@import" not in html and "url(" not in html
     pngs = images(html)
-    # throughput vs table size, vs row size, latency vs tokens, step overlap, topology
-    assert len(pngs) == 5
+    # GB/s vs table size, vs row size, latency vs tokens, topology, lookup paths, step overlap (256 tokens)
+    assert len(pngs) == 6
+    for key in ("bandwidth_vs_table_bytes", "latency_vs_tokens", "topology", "paths", "step_overlap_t256"):
+        assert f'id="plot-{key}"' in html
     for png in pngs:
         assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
     for element_id in ("findings", "run", "meta", "ceilings", "plots", "records-table", "not-measured-table"):
@@ -124,11 +126,11 @@ def test_gpu_findings_follow_the_data(gpu_report):
     dbest = max(device, key=lambda r: r["gbps"] / r["ceiling_gbps"])
     assert f"device reaches at best {100 * dbest['gbps'] / dbest['ceiling_gbps']:.0f}% of the d2d_gbps" in found
     # Prefetch: in the fake model it pays once there is compute to hide behind, costs at compute_us=0.
-    assert "pinned_uva decode steps: prefetch pays at compute_us = 50, 200" in found
+    assert "pinned_uva · triton_reference, 256 tokens, graph eager, decode steps: prefetch pays at compute_us = 50, 200" in found
     assert "costs time at compute_us = 0" in found
     assert "1 skipped, 1 failed, 1 invalid" in found
     assert "at tp1 etp2 dp2 a lookup takes" in found
-    assert "slows the main-stream compute by at most 4.0%" in found
+    assert "slows the main-stream compute by +4%" in found
     assert "not GPU performance" not in found
 
 
@@ -256,8 +258,9 @@ def test_table_size_trend_words():
     flat = [rec(1 << 14, 100.0, "bf16"), rec(1 << 18, 104.0, "bf16"), rec(1 << 22, 95.0, "bf16")]
     run = Run(path=Path("x"), meta={"mode": "gpu"}, records=rising + flat)
     text = " ".join(f.text for f in findings(run) if f.topic == "table size")
-    assert "device fp8: GB/s rises from 100 at 2 MiB to 300 at 512 MiB" in text
-    assert "device bf16: GB/s stays flat" in text
+    assert "device · torch_masked (fp8) with table size" in text
+    assert "GB/s rises from 100 at 2 MiB to 300 at 512 MiB, +200%" in text
+    assert "device · torch_masked (bf16) with table size — at 256 tokens, uniform ids: GB/s stays flat" in text
     # Two sizes only: no trend claim.
     run = Run(path=Path("x"), meta={"mode": "gpu"}, records=rising[:2])
     assert not [f for f in findings(run) if f.topic == "table size"]
@@ -277,3 +280,92 @@ def test_slice_series_never_mixes_unnamed_axes():
         for axis in ("impl", "vocab_size", "num_heads"):
             assert len({r[axis] for r in rs}) == 1, axis
         assert sorted(r["num_tokens"] for r in rs) == [16, 64, 256]
+
+
+# ------------------------------------------------------------ lookup paths and overlap sections
+
+@pytest.fixture(scope="module")
+def paths_report(tmp_path_factory):
+    from ._fake_runs import write_paths_run
+
+    base = tmp_path_factory.mktemp("paths")
+    run_dir = write_paths_run(base / "results")
+    path = build_report(run_dir, base / "reports")
+    return run_dir, path.read_text(encoding="utf-8")
+
+
+def _texts(run_dir, group=None):
+    from ple_bench.report.data import load_run
+
+    return [f.text for f in findings(load_run(run_dir)) if group is None or f.group == group]
+
+
+def test_path_label_resolves_default_kernels():
+    from ple_bench.report.data import path_label
+
+    assert path_label({"impl": "pinned_uva", "kernel": ""}) == "pinned_uva · triton_reference"
+    assert path_label({"impl": "pinned_uva", "kernel": "triton_tuned"}) == "pinned_uva · triton_tuned"
+    assert path_label({"impl": "device", "kernel": None}) == "device · torch_masked"
+    assert path_label({"impl": "pinned_cpu_gather", "kernel": ""}) == "pinned_cpu_gather"
+    assert path_label({"impl": "my.plugin:Backend", "kernel": ""}) == "my.plugin:Backend"
+
+
+def test_planted_faster_path_is_named(paths_report):
+    run_dir, _ = paths_report
+    texts = _texts(run_dir, "paths")
+    vs_ref = [t for t in texts if t.startswith("pinned_uva · triton_tuned vs pinned_uva · triton_reference")]
+    assert len(vs_ref) == 1, texts
+    # planted: 2x faster at 4096 tokens, equal at 256 tokens
+    assert "at 4096 tokens × 16 heads 2.0" in vs_ref[0] and "faster (2 workloads)" in vs_ref[0]
+    assert "at 256 tokens × 16 heads the same speed within 5% (2 workloads)" in vs_ref[0]
+    # kernel "" and kernel "triton_reference" are one path: never compared with itself
+    assert not [t for t in texts if t.startswith("pinned_uva · triton_reference vs")]
+    # ranking at a 4096-token workload: tuned ahead of the reference, at half its time
+    rank = [t for t in texts if "16 GiB table, 4096 tokens × 16 heads, uniform ids: fastest" in t]
+    assert rank and rank[0].index("pinned_uva · triton_tuned") < rank[0].index("pinned_uva · triton_reference")
+    assert re.search(r"pinned_uva · triton_tuned (\d+\.\d+)×, pinned_uva · triton_reference (\d+\.\d+)×", rank[0])
+    m = re.search(r"pinned_uva · triton_tuned (\d+\.\d+)×, pinned_uva · triton_reference (\d+\.\d+)×", rank[0])
+    assert abs(float(m.group(2)) / float(m.group(1)) - 2.0) < 0.05
+
+
+def test_table_size_ids_and_hot_cache_findings(paths_report):
+    run_dir, _ = paths_report
+    text = " ".join(_texts(run_dir, "paths"))
+    # planted: 4x lower GB/s at 16 GiB than at 64 MiB for 4096 tokens, flat at 256 tokens
+    m = re.search(r"at 4096 tokens × 16 heads, uniform ids: GB/s falls from ([\d.]+) at 64 MiB \(\d+%\) "
+                  r"to ([\d.]+) at 16 GiB \(\d+%\), -7\d%", text)
+    assert m and 3.8 < float(m.group(1)) / float(m.group(2)) < 4.2, text
+    assert "at 256 tokens × 16 heads, uniform ids: GB/s stays flat" in text
+    assert "pinned_random_row_gbps ceiling" in text
+    assert "zipf:1.1 ids vs uniform — at 256 tokens × 16 heads the same speed within 5%" in text
+    assert "at 4096 tokens × 16 heads 1.9" in text or "at 4096 tokens × 16 heads 2.0" in text
+    assert "hit rate 37% over 1 lookup case" in text
+
+
+def test_overlap_findings_name_where_prefetch_hides(paths_report):
+    run_dir, _ = paths_report
+    texts = _texts(run_dir, "overlap")
+    t64 = next(t for t in texts if t.startswith("At 64 tokens"))
+    assert "pinned_uva · triton_reference hides at best 100%" in t64 and "compute_us = 400" in t64
+    t512 = next(t for t in texts if t.startswith("At 512 tokens"))
+    assert "pinned_uva · triton_reference hides nothing" in t512
+    assert "slows the main-stream compute by +150% (without prefetch +1%)" in t512
+
+
+def test_paths_and_overlap_sections_in_the_page(paths_report):
+    run_dir, html = paths_report
+    paths = section(html, "paths")
+    assert 'id="plot-paths"' in paths and 'id="paths-table"' in paths
+    for p in ("pinned_uva · triton_reference", "pinned_uva · triton_tuned", "device · torch_masked",
+              "pinned_hot_cache · triton_tuned"):
+        assert p in paths
+    # % of the H2D ceiling in the table is the record's GB/s over meta's h2d_gbps
+    rec = next(r for r in load_records(run_dir) if r.get("impl") == "pinned_hot_cache")
+    assert f"{100 * rec['gbps'] / 55.2:.0f}%" in paths
+    assert "37.0%" in paths  # the recorded hit rate
+    overlap = section(html, "overlap")
+    assert 'id="plot-step_overlap_t64"' in overlap and 'id="plot-step_overlap_t512"' in overlap
+    assert 'id="steps-table"' in overlap and "+150%" in overlap
+    # findings are grouped under headings
+    found = section(html, "findings")
+    assert "<h3>Lookup paths side by side</h3>" in found and "<h3>Decode-step overlap</h3>" in found

@@ -400,7 +400,8 @@ def hot_cache_findings(run: Run) -> list[Finding]:
     text = f"{path_of(best)} (cache of {fmt(int(num(best['cache_rows'])))} rows)"
     if recorded:
         hs = [h * 100 for _, h in recorded]
-        text += f": hit rate {min(hs):.0f}%–{max(hs):.0f}% over {len(hs)} lookups"
+        span = f"{hs[0]:.0f}%" if max(hs) - min(hs) < 0.5 else f"{min(hs):.0f}%–{max(hs):.0f}%"
+        text += f": hit rate {span} over {len(hs)} lookup case{'s' if len(hs) != 1 else ''}"
     else:
         text += ": hit rate not recorded in this run"
     text += f"; best {fmt(best['gbps'])} GB/s at {workload_label(best)}"

@@ -22,7 +22,7 @@ from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology,
     topology_label,
 )
-from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label
+from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
 
 DPI = 96
 LINESTYLES = {"bf16": "-", "fp8": "--", "fp16": ":", "fp32": "-."}
@@ -83,7 +83,7 @@ def _draw_ceilings(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> None
 
 
 def _series_plot(ax: Any, records: Sequence[dict[str, Any]], x: str, y: str, series_axes: Sequence[str],
-                 band: tuple[str, str] | None = None) -> tuple[int, str]:
+                 band: tuple[str, str] | None = None, colors: dict[str, str] | None = None) -> tuple[int, str]:
     """Draw one line per series; returns (lines drawn, text of pinned axes)."""
     sl = slice_series(records, x, series_axes)
     drawn = 0
@@ -92,6 +92,9 @@ def _series_plot(ax: Any, records: Sequence[dict[str, Any]], x: str, y: str, ser
         if not pts:
             continue
         style = _style(dict(zip(sl.label_axes, key)), i)
+        path = dict(zip(sl.label_axes, key)).get("path")
+        if colors and path in colors:
+            style["color"] = colors[path]
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         if band:
             lo = dict(points(rs, x, band[0]))
@@ -142,9 +145,9 @@ def _lookups(run: Run) -> list[dict[str, Any]]:
     return single or recs
 
 
-def _path_colors(records: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """One colour per lookup path, stable within a figure (sorted by name)."""
-    paths = sorted({path_of(r) for r in records})
+def _path_colors(run: Run) -> dict[str, str]:
+    """One colour per lookup path, the same in every plot of the run (paths sorted by name)."""
+    paths = sorted({path_of(r) for r in run.ok})
     return {p: f"C{i % 10}" for i, p in enumerate(paths)}
 
 
@@ -183,8 +186,25 @@ def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> 
 def plot_bandwidth(run: Run, x: str) -> Plot | None:
     """GB/s along table size (or row size), one panel per token count, one line per path and dtype."""
     recs = [r for r in _lookups(run) if num(r.get("gbps")) is not None]
-    plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
-    recs = plain if _has_sweep(plain, x, "gbps", ["path", "dtype"]) else recs
+    dropped = []
+    for keep, what_ in (
+        (lambda r: not r.get("prefetch") and r.get("graph") in (None, "", "eager"), "prefetch / graph replays"),
+        (lambda r: r.get("ids") in (None, "", "uniform"), "skewed ids"),
+    ):
+        subset = [r for r in recs if keep(r)]
+        if subset and _has_sweep(subset, x, "gbps", ["path", "dtype"]):
+            if len(subset) < len(recs):
+                dropped.append(what_)
+            recs = subset
+    if x == "table_bytes":
+        # Row shapes swept over at least three table sizes (others have no trend to show).
+        shapes: dict[tuple, set] = {}
+        for r in recs:
+            shapes.setdefault((r.get("dtype"), r.get("dim")), set()).add(num(r.get("table_bytes")))
+        swept = {k for k, v in shapes.items() if len(v) >= 3}
+        if swept and len(swept) < len(shapes):
+            recs = [r for r in recs if (r.get("dtype"), r.get("dim")) in swept]
+            dropped.append("row shapes measured at fewer than three table sizes")
     by_tokens: dict[float, list[dict[str, Any]]] = {}
     for r in recs:
         by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
@@ -194,11 +214,17 @@ def plot_bandwidth(run: Run, x: str) -> Plot | None:
     panels = sorted(panels, key=lambda p: -len(p[1]))[:4]
     panels.sort(key=lambda p: p[0])
     what = "table size" if x == "table_bytes" else "row size"
-    fig = Figure(figsize=(4.6 * len(panels) + 2.6, 4.4), layout="constrained")
-    axes = list(fig.subplots(1, len(panels), squeeze=False, sharey=True)[0])
+    ncols = min(2, len(panels))
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig = Figure(figsize=(5.0 * ncols + 3.2, 3.5 * nrows + 0.6), layout="constrained")
+    grid = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    axes = axes[:len(panels)]
     fig.suptitle(f"Lookup GB/s vs {what}" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
                  color="#a00" if run.functional else "black")
-    colors = _path_colors(recs)
+    colors = _path_colors(run)
     fixed_texts = []
     for ax, (tokens, rs) in zip(axes, panels):
         sl = slice_series(rs, x, ["path", "dtype"], max_series=10)
@@ -217,16 +243,18 @@ def plot_bandwidth(run: Run, x: str) -> Plot | None:
         h = heads.pop() if len(heads) == 1 else None
         ax.set_title(f"{int(tokens)} tokens" + (f" × {int(h)} heads" if h and h > 1 else ""), fontsize=10)
         xlabel = "table size (log scale)" if x == "table_bytes" else "row size (log scale)"
-        _finish(ax, xlabel, "GB/s (log scale)" if ax is axes[0] else "", logx=True, logy=True, xbase=2,
-                bytes_x=True)
+        _finish(ax, xlabel, "GB/s (log scale)" if axes.index(ax) % ncols == 0 else "", logx=True, logy=True,
+                xbase=2, bytes_x=True)
         if ax.get_legend():
             ax.get_legend().remove()
         if sl.fixed:
             fixed_texts.append(f"{int(tokens)} tokens: {sl.fixed_text()}")
     _figure_legend(fig, axes)
-    caption = ("Single-GPU lookups without prefetch, eager; one panel per token count, one colour per lookup path "
+    caption = ("Single-GPU lookups; one panel per token count, one colour per lookup path "
                "(impl · kernel), line style per dtype. Dashed horizontal lines: the H2D copy and random-row "
                "ceilings measured on this run at these rows' size.")
+    if dropped:
+        caption += " Left out here (see the tables): " + ", ".join(dropped) + "."
     if fixed_texts:
         caption += " Pinned to keep lines comparable — " + "; ".join(fixed_texts) + "."
     return Plot(f"bandwidth_vs_{x}", f"GB/s vs {what}", caption, _to_uri(fig))
@@ -242,7 +270,8 @@ def plot_latency_vs_tokens(run: Run) -> Plot | None:
     ax = fig.subplots()
     fig.suptitle("Lookup latency vs tokens" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
                  color="#a00" if run.functional else "black")
-    _, fixed = _series_plot(ax, recs, "num_tokens", "median_ms", ["path", "dtype"], band=("p10_ms", "p90_ms"))
+    _, fixed = _series_plot(ax, recs, "num_tokens", "median_ms", ["path", "dtype"], band=("p10_ms", "p90_ms"),
+                            colors=_path_colors(run))
     _finish(ax, "tokens per step (per DP rank, log scale)", "median latency (ms, log scale)",
             logx=True, logy=True, xbase=2)
     if ax.get_legend():
@@ -258,13 +287,13 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
     groups = path_groups(run, min_paths=3) or path_groups(run, min_paths=2)
     if not groups:
         return None
+    order = {g.key: i for i, g in enumerate(groups)}
     groups = sorted(groups, key=lambda g: -len(g.records))[:max_groups]
-    order = {id(g): i for i, g in enumerate(path_groups(run))}
-    groups.sort(key=lambda g: order.get(id(g), 0))
+    groups.sort(key=lambda g: order[g.key])
     paths = sorted({p for g in groups for p in g.paths})
-    colors = {p: f"C{i % 10}" for i, p in enumerate(paths)}
+    colors = _path_colors(run)
     has_ref = any(g.reference is not None for g in groups)
-    fig = Figure(figsize=(max(9.0, 1.25 * len(groups) * (1 + 0.12 * len(paths))) + 2.8, 8.2 if has_ref else 4.6),
+    fig = Figure(figsize=(min(11.0, max(6.0, 1.3 * len(groups))) + 3.0, 7.6 if has_ref else 4.4),
                  layout="constrained")
     axes = list(fig.subplots(2 if has_ref else 1, 1, squeeze=False, sharex=True)[:, 0])
     fig.suptitle("Lookup paths side by side" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
@@ -298,8 +327,14 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
         axes[1].set_ylabel(f"speed vs {REFERENCE_PATH}\n(>1 faster, log scale)")
         axes[1].set_title(f"speed relative to {REFERENCE_PATH} at the same workload", fontsize=10)
         axes[1].grid(True, axis="y", which="major", alpha=0.3)
-    labels = [g.label.replace(", ", "\n", 1).replace(" tokens × ", " tok × ").replace(" heads", " h") for g in groups]
-    axes[-1].set_xticks(range(len(groups)), [lab.replace(", ", "\n") for lab in labels], fontsize=8)
+    same_shape = len({(g.fastest.get("dtype"), num(g.fastest.get("row_bytes"))) for g in groups}) == 1
+    labels = [workload_label(g.fastest, with_shape=not same_shape).replace(" tokens × ", " tok × ")
+              .replace(" heads", " h").replace(", ", "\n") for g in groups]
+    axes[-1].set_xticks(range(len(groups)), labels, fontsize=8)
+    if same_shape:
+        f = groups[0].fastest
+        axes[0].set_title(f"GB/s (rows moved × row bytes / median time) — {f.get('dtype')}, "
+                          f"{fmt(num(f.get('row_bytes')))} B rows", fontsize=10)
     _figure_legend(fig, axes)
     caption = ("Single-GPU lookups; each group is one workload (same dtype, row size, table size, tokens, heads, "
                "ids, graph and prefetch setting) measured on several paths (impl · kernel; kernel \"\" is the "
@@ -324,7 +359,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     by_tokens: dict[float, list[dict[str, Any]]] = {}
     for r in recs:
         by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
-    colors = _path_colors(recs)
+    colors = _path_colors(run)
     out = []
     for tokens, rs in sorted(by_tokens.items()):
         panels = [(y, label) for y, label in (
@@ -337,6 +372,10 @@ def plot_step_overlap(run: Run) -> list[Plot]:
         series: dict[str, list[dict[str, Any]]] = {}
         for r in rs:
             series.setdefault(step_config_label(r, axes_names), []).append(r)
+        exposed = [num(r.get("exposed_ms")) for r in rs if num(r.get("exposed_ms")) is not None]
+        positive = [v for v in exposed if v > 0]
+        log_exposed = bool(positive) and max(positive) / min(positive) > 20
+        floor = min(positive) / 2 if positive else 0.0
         fig = Figure(figsize=(4.4 * len(panels) + 3.6, 4.2), layout="constrained")
         axes = list(fig.subplots(1, len(panels), squeeze=False)[0])
         title = f"Decode step at {int(tokens)} tokens" + (f" ({shape})" if shape else "")
@@ -352,6 +391,8 @@ def plot_step_overlap(run: Run) -> list[Plot]:
                 pts = points(srs, "compute_us", y)
                 if y == "compute_slowdown":
                     pts = [p for p in pts if p[0] > 0]  # no compute, nothing to slow
+                if y == "exposed_ms" and log_exposed:
+                    pts = [(p[0], max(p[1], floor)) for p in pts]  # fully hidden: drawn at the floor
                 if pts:
                     ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], label=label, **style)
         for ax, (y, label) in zip(axes, panels):
@@ -359,6 +400,9 @@ def plot_step_overlap(run: Run) -> list[Plot]:
             _finish(ax, "main-stream compute per step (µs)", label)
             if y == "overlap_efficiency":
                 ax.set_ylim(-5, 105)
+            if y == "exposed_ms" and log_exposed:
+                ax.set_yscale("log")
+                ax.set_ylabel("exposed lookup time (ms, log scale; ≤ 0 drawn at the bottom)")
             if y == "compute_slowdown":
                 ax.axhline(0, color="0.4", linewidth=1)
             if ax.get_legend():

@@ -1,0 +1,182 @@
+"""Side-by-side views of a run, shared by findings, plots and the HTML page.
+
+Owns two comparisons:
+
+* **lookup paths** (issue 7): single-GPU lookups grouped by *workload* (every
+  case axis except the ones that pick the path: impl, kernel, cache_rows), one
+  record per path (``impl · kernel``, see :func:`data.path_label`), with GB/s
+  and rows/s as shares of the ceilings stored in ``meta.json``;
+* **decode-step overlap** (issues 4 and 8): ``kind=step`` records at the
+  Qwen4Exp-like decode shape (fp8, dim 160, 16 heads) when the run has it,
+  labelled by path, prefetch, graph mode and stream priority.
+
+Nothing here measures or formats prose; see findings.py for the words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .data import (
+    AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, single_rank,
+)
+
+# Axes that choose the lookup path rather than the work; everything else defines a workload.
+PATH_AXES = ("impl", "kernel", "cache_rows", "grid_frac")
+WORKLOAD_AXES = tuple(a for a in AXES if a not in PATH_AXES)
+DECODE_SHAPE = {"dtype": "fp8", "dim": 160, "num_heads": 16}
+
+
+def path_of(record: dict[str, Any]) -> str:
+    return str(axis_value(record, "path"))
+
+
+def lookups(run: Run) -> list[dict[str, Any]]:
+    """Measured single-GPU lookups with a median time."""
+    return [r for r in run.ok if (r.get("kind") or "lookup") == "lookup" and single_rank(r)
+            and num(r.get("median_ms"))]
+
+
+def hit_rate(record: dict[str, Any]) -> float | None:
+    """The hot cache's hit rate (0..1) when the record stores one (top level or in ``extra``)."""
+    for src in (record, record.get("extra") if isinstance(record.get("extra"), dict) else {}):
+        for key in ("hit_rate", "cache_hit_rate", "last_hit_rate"):
+            v = num(src.get(key))
+            if v is not None:
+                return v / 100.0 if v > 1.0 else v
+    return None
+
+
+def workload_label(record: dict[str, Any], *, with_shape: bool = True) -> str:
+    parts = []
+    rb = num(record.get("row_bytes"))
+    if with_shape:
+        parts.append(f"{record.get('dtype')} {int(rb)} B rows" if rb else str(record.get("dtype")))
+    if num(record.get("table_bytes")) is not None:
+        parts.append(f"{fmt_bytes(record['table_bytes'])} table")
+    tokens, heads = num(record.get("num_tokens")), num(record.get("num_heads"))
+    if tokens is not None:
+        parts.append(f"{int(tokens)} tokens" + (f" × {int(heads)} heads" if heads and heads > 1 else ""))
+    if record.get("ids"):
+        parts.append(f"{record['ids']} ids")
+    if record.get("graph") not in (None, "", "eager"):
+        parts.append(f"graph {record['graph']}")
+    if record.get("prefetch"):
+        parts.append("prefetch")
+    return ", ".join(parts)
+
+
+@dataclass
+class PathGroup:
+    """One workload measured on several paths; ``records`` fastest first."""
+
+    key: tuple
+    label: str
+    records: list[dict[str, Any]]
+
+    @property
+    def fastest(self) -> dict[str, Any]:
+        return self.records[0]
+
+    @property
+    def reference(self) -> dict[str, Any] | None:
+        return next((r for r in self.records if path_of(r) == REFERENCE_PATH), None)
+
+    @property
+    def paths(self) -> list[str]:
+        return [path_of(r) for r in self.records]
+
+
+def path_groups(run: Run, min_paths: int = 2) -> list[PathGroup]:
+    """Workloads measured on at least ``min_paths`` paths.  A path measured twice
+    at one workload (kernel "" and its default named) counts once: the record
+    that names its kernel is kept."""
+    by_key: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in lookups(run):
+        paths = by_key.setdefault(key_of(r, WORKLOAD_AXES), {})
+        p = path_of(r)
+        if p not in paths or (r.get("kernel") and not paths[p].get("kernel")):
+            paths[p] = r
+    groups = []
+    for key, paths in by_key.items():
+        if len(paths) < min_paths:
+            continue
+        recs = sorted(paths.values(), key=lambda r: num(r.get("median_ms")))
+        groups.append(PathGroup(key=key, label=workload_label(recs[0]), records=recs))
+    groups.sort(key=lambda g: tuple(_order(axis_value(g.fastest, a)) for a in
+                                    ("dtype", "row_bytes", "num_tokens", "table_bytes", "ids", "graph", "prefetch")))
+    return groups
+
+
+def _order(value: Any) -> tuple:
+    f = num(value)
+    return (0, f, "") if f is not None else (1, 0.0, str(value))
+
+
+def ceiling_shares(run: Run, record: dict[str, Any]) -> dict[str, Any]:
+    """The record's GB/s and rows/s as % of each stored ceiling that applies:
+    H2D and D2D copies, and the random-row gathers at the record's row size."""
+    gbps, rps = num(record.get("gbps")), num(record.get("rows_per_s"))
+    out: dict[str, Any] = {}
+
+    def pct(value: float | None, ceiling: float | None) -> float | None:
+        return 100.0 * value / ceiling if value is not None and ceiling else None
+
+    out["pct_h2d"] = pct(gbps, run.ceiling_value("h2d_gbps"))
+    out["pct_d2d"] = pct(gbps, run.ceiling_value("d2d_gbps"))
+    for side in ("pinned", "device"):
+        rr = run.row_ceiling(f"{side}_random_row_gbps", record.get("row_bytes"))
+        out[f"pct_{side}_rr"] = pct(gbps, rr[1]) if rr else None
+        out[f"{side}_rr_name"] = rr[0] if rr else None
+        rrows = run.row_ceiling(f"{side}_random_row_rows_per_s", record.get("row_bytes"))
+        out[f"pct_{side}_rr_rows"] = pct(rps, rrows[1]) if rrows else None
+    return out
+
+
+# ------------------------------------------------------------- decode steps
+
+def steps(run: Run) -> list[dict[str, Any]]:
+    return [r for r in run.ok if r.get("kind") == "step" and single_rank(r)]
+
+
+def decode_steps(run: Run) -> tuple[list[dict[str, Any]], str]:
+    """Step records at the decode shape (fp8, dim 160, 16 heads) and a text naming
+    the shape; all single-GPU steps (and "") when the run has none at that shape."""
+    all_steps = steps(run)
+    at_shape = [r for r in all_steps if all(axis_value(r, k) == v for k, v in DECODE_SHAPE.items())]
+    if at_shape:
+        return at_shape, "fp8, dim 160, 16 heads"
+    return all_steps, ""
+
+
+def step_config_axes(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Axes besides path that name a step configuration (only those that vary)."""
+    out = ["prefetch"]
+    for axis in ("graph", "stream_priority", "ids", "cache_rows"):
+        if len({axis_value(r, axis) for r in records}) > 1:
+            out.append(axis)
+    return out
+
+
+def step_config_label(record: dict[str, Any], axes: Sequence[str]) -> str:
+    parts = [path_of(record)]
+    for axis in axes:
+        v = axis_value(record, axis)
+        if axis == "prefetch":
+            parts.append("prefetch" if v else "no prefetch")
+        elif axis == "graph":
+            parts.append(f"graph {v}" if v not in (None, "") else "")
+        elif axis == "stream_priority":
+            parts.append(f"prio {fmt(v)}")
+        elif axis == "vocab_size":
+            parts.append(fmt_bytes(record.get("table_bytes")) + " table")
+        else:
+            parts.append(f"{axis}={fmt(v) if not isinstance(v, str) else v}")
+    return ", ".join(p for p in parts if p)
+
+
+__all__ = [
+    "PATH_AXES", "WORKLOAD_AXES", "DECODE_SHAPE", "PathGroup", "path_groups", "path_of", "lookups", "hit_rate",
+    "workload_label", "ceiling_shares", "steps", "decode_steps", "step_config_axes", "step_config_label",
+]
