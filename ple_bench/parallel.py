@@ -146,16 +146,18 @@ class Groups:
             )
         rank = dist.get_rank()
         me = topology.coords(rank)
+        # new_group's own default is 30 minutes: give the groups the collective timeout
+        timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
         etp_group = gather_group = None
         for g in range(topology.num_etp_groups):
             ranks = topology.etp_group_ranks(g)
-            pg = dist.new_group(ranks) if len(ranks) > 1 else None
+            pg = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
             if g == me.etp_group_index:
                 etp_group = pg
         for g in range(topology.num_etp_groups):
             for t in range(topology.tp):
                 ranks = topology.gather_group_ranks(g, t)
-                pg = dist.new_group(ranks) if len(ranks) > 1 else None
+                pg = dist.new_group(ranks, timeout=timeout) if len(ranks) > 1 else None
                 if g == me.etp_group_index and t == me.tp_rank:
                     gather_group = pg
         return cls(topology=topology, rank=rank, etp_group=etp_group, gather_group=gather_group)

@@ -282,11 +282,33 @@ class _Executor:
         self.agree_group = None
         self.agree_timeout_s = 0.0
         self.abort_reason: str | None = None  # set when a torchrun run cannot go on
+        self.recoveries = 0  # process groups rebuilt after a case the ranks left apart
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.inproc is not None:
+            self._close_inprocess()
+
+    def _close_inprocess(self) -> None:
+        """Under torchrun: wait for every rank (so that none is torn down while
+        rank 0 writes), then leave the process group."""
+        import torch.distributed as dist
+
+        self.inproc.release_table()
+        self.inproc = None
+        if not dist.is_initialized():
+            return
+        if self.agree_group is not None and not self.abort_reason:
+            try:
+                dist.all_gather_object([None] * self.torchrun_world, "done", group=self.agree_group)
+            except Exception:  # noqa: BLE001 - the run is over either way
+                pass
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
 
     def _record(self, case: Case, status: str, reason: str = "", result: dict | None = None) -> dict:
         rec: dict[str, Any] = {"case_id": case.case_id, "status": status, "reason": reason,
@@ -495,32 +517,58 @@ class _Executor:
         return out
 
     def _recover(self, case: Case) -> None:
-        """After a case the ranks left at different points: forget its table and
-        process groups (collectives may be pending in them; the next case builds
-        fresh ones), then check that the default group still pairs every rank."""
+        """After a case the ranks left at different points.  Collectives may be
+        pending in any of its groups, the default one included (a late message
+        meeting a different collective aborts a gloo process), so every group is
+        rebuilt: drop the table, leave all groups, join a fresh default group over
+        torchrun's store (its own key prefix), and check it with an all-reduce.
+        If that fails anywhere, the run ends with a clear message."""
+        import datetime
+
         import torch
         import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
 
+        from .parallel import DEFAULT_TIMEOUT_S
+
+        world, rank = self.torchrun_world, self.inproc.rank
         self.inproc.release_table()
         self.inproc.groups_by_topology.clear()
         self.inproc.resident_step_ms.clear()
-        device = self.inproc.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.recoveries += 1
         try:
-            probe = torch.full((1,), self.inproc.rank + 1, dtype=torch.int64, device=device)
+            store = c10d._get_default_store()
+            backend = dist.get_backend()
+            dist.destroy_process_group()
+            kwargs: dict[str, Any] = {
+                "backend": backend, "rank": rank, "world_size": world,
+                "store": dist.PrefixStore(f"ple_bench/recovery{self.recoveries}", store),
+                "timeout": datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)}
+            if backend == "nccl":
+                kwargs["device_id"] = self.inproc.device
+            dist.init_process_group(**kwargs)
+            self.agree_group = dist.new_group(backend="gloo",
+                                              timeout=datetime.timedelta(seconds=self.agree_timeout_s))
+        except Exception as exc:  # noqa: BLE001
+            self.abort_reason = (f"could not rebuild the process group after the failure of {case.case_id} "
+                                 f"({type(exc).__name__}: {exc}); ending the run. Records so far are kept; "
+                                 "continue with torchrun ... -m ple_bench run --resume RUN_DIR")
+            return
+        device = self.inproc.device if backend == "nccl" else torch.device("cpu")
+        try:
+            probe = torch.full((1,), rank + 1, dtype=torch.int64, device=device)
             dist.all_reduce(probe)
-            expect = self.torchrun_world * (self.torchrun_world + 1) // 2
-            health = "ok" if int(probe.item()) == expect else f"all-reduce probe gave {int(probe.item())}, " \
-                                                               f"expected {expect}"
+            expect = world * (world + 1) // 2
+            health = "ok" if int(probe.item()) == expect else \
+                f"all-reduce probe gave {int(probe.item())}, expected {expect}"
         except Exception as exc:  # noqa: BLE001
             health = f"{type(exc).__name__}: {exc}"
-        everyone: list = [None] * self.torchrun_world
+        everyone: list = [None] * world
         try:
-            dist.all_gather_object(everyone, (self.inproc.rank, health, _group_count()), group=self.agree_group)
+            dist.all_gather_object(everyone, (rank, health), group=self.agree_group)
         except Exception as exc:  # noqa: BLE001
-            everyone = [(self.inproc.rank, f"agreement failed: {type(exc).__name__}: {exc}", None)]
-        broken = [f"rank {r}: {h}" for r, h, _ in everyone if h != "ok"]
-        if len({n for _, _, n in everyone}) > 1:
-            broken.append("ranks created different numbers of process groups")
+            everyone = [(rank, f"agreement failed: {type(exc).__name__}: {exc}")]
+        broken = [f"rank {r}: {h}" for r, h in everyone if h != "ok"]
         if broken:
             self.abort_reason = (f"the process group is broken after the failure of {case.case_id} ("
                                  + "; ".join(broken) + "); ending the run. Records so far are kept; "
@@ -534,11 +582,3 @@ def _is_collective_error(reason: str) -> bool:
     return reason.startswith(("DistBackendError", "DistNetworkError", "DistError", "DistStoreError")) or any(
         m in text for m in ("timed out", "timeout", "connection closed", "connection reset"))
 
-
-def _group_count() -> int | None:
-    try:
-        from torch.distributed import distributed_c10d
-
-        return getattr(distributed_c10d._world, "group_count", None)
-    except Exception:  # noqa: BLE001
-        return None

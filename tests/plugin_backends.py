@@ -44,3 +44,17 @@ class RankOneRaisingBackend(DeviceResidentEmbedding):
         if self.groups.rank == 1:
             raise RuntimeError("planted failure on rank 1")
         return super().lookup(ids, dp_token_counts)
+
+
+class RankOneRaisingDefaultGroupBackend(DeviceResidentEmbedding):
+    """Rank 1 raises while the other ranks wait in a collective of the *default*
+    group (as they would in the slowest-rank gather): after the timeout that group
+    holds an unmatched operation, so the run must rebuild it before going on."""
+
+    def lookup(self, ids, dp_token_counts=None):
+        import torch.distributed as dist
+
+        if self.groups.rank == 1:
+            raise RuntimeError("planted failure on rank 1 (default group)")
+        dist.all_reduce(torch.ones(1))
+        return super().lookup(ids, dp_token_counts)
