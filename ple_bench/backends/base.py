@@ -219,13 +219,18 @@ class PLEEmbedding(ABC):
         return rows.narrow(0, self.coords.slot * slot, local_tokens)
 
     # ----------------------------------------------------------- lookup
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows this rank owns for ``ids`` ([n, heads] -> [n, heads, dim]); zeros elsewhere."""
+    def _lookup_output(self, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """``out`` checked against ``[n, heads, dim]`` of the storage dtype, or a new one."""
         shape = (ids.shape[0], self.num_heads, self.embedding_dim)
         if out is None:
-            out = torch.empty(shape, dtype=self.storage_dtype, device=ids.device)
-        elif tuple(out.shape) != shape or out.dtype != self.storage_dtype:
+            return torch.empty(shape, dtype=self.storage_dtype, device=ids.device)
+        if tuple(out.shape) != shape or out.dtype != self.storage_dtype:
             raise ValueError(f"lookup output must be {shape} of {self.storage_dtype}")
+        return out
+
+    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows this rank owns for ``ids`` ([n, heads] -> [n, heads, dim]); zeros elsewhere."""
+        out = self._lookup_output(ids, out)
         flat = ids.reshape(-1)
         if flat.dtype != torch.int64:
             flat = flat.long()

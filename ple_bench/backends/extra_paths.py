@@ -119,11 +119,7 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
 
     # ----------------------------------------------------------- lookup
     def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        shape = (ids.shape[0], self.num_heads, self.embedding_dim)
-        if out is None:
-            out = torch.empty(shape, dtype=self.storage_dtype, device=ids.device)
-        elif tuple(out.shape) != shape or out.dtype != self.storage_dtype:
-            raise ValueError(f"lookup output must be {shape} of {self.storage_dtype}")
+        out = self._lookup_output(ids, out)
         flat = ids.reshape(-1).to(torch.int64)
         dest = int_view(out).view(-1, self.embedding_dim)
         with annotate("lookup", color="green"):
@@ -147,15 +143,7 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
         self._check_ids(ids)
         with annotate("prefetch_start", color="yellow"):
             self._join()  # a prefetch never finalized: finish it, drop its result
-            buffer = self.prepare_prefetch()
-            local = ids.shape[0]
-            slot = self._slot(local, dp_token_counts)
-            gathered = self._gather_ids(ids, slot)
-            if gathered.shape[0] > buffer.shape[0]:
-                raise ValueError(
-                    f"pinned PLE prefetch buffer holds {buffer.shape[0]} rows, "
-                    f"but the batch needs {gathered.shape[0]}"
-                )
+            buffer, gathered, slot, local = self._prefetch_target(ids, dp_token_counts)
             flat = gathered.reshape(-1).to(torch.int64)
             n = flat.numel()
             dest = int_view(buffer).view(-1, self.embedding_dim)[:n]
@@ -323,11 +311,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
     def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         from .fast_kernels import triton_tuned_lookup, tuned_lookup
 
-        shape = (ids.shape[0], self.num_heads, self.embedding_dim)
-        if out is None:
-            out = torch.empty(shape, dtype=self.storage_dtype, device=ids.device)
-        elif tuple(out.shape) != shape or out.dtype != self.storage_dtype:
-            raise ValueError(f"lookup output must be {shape} of {self.storage_dtype}")
+        out = self._lookup_output(ids, out)
         flat = ids.reshape(-1).to(torch.int64)
         dest = int_view(out).view(-1, self.embedding_dim)
         table = int_view(self.table_for_kernel())

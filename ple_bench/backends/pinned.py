@@ -82,21 +82,27 @@ class PinnedUVAEmbedding(PLEEmbedding):
             )
             return self._buffer
 
+    def _prefetch_target(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None):
+        """The prefetch buffer, the DP-gathered ids, the slot size and the local
+        token count; refuses a batch larger than the buffer."""
+        buffer = self.prepare_prefetch()
+        local = ids.shape[0]
+        slot = self._slot(local, dp_token_counts)
+        gathered = self._gather_ids(ids, slot)
+        if gathered.shape[0] > buffer.shape[0]:
+            raise ValueError(
+                f"pinned PLE prefetch buffer holds {buffer.shape[0]} rows, "
+                f"but the batch needs {gathered.shape[0]}"
+            )
+        return buffer, gathered, slot, local
+
     def start_prefetch(
         self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
     ) -> None:
         """Gather ids over DP and launch their lookup on the side stream."""
         self._check_ids(ids)
         with annotate("prefetch_start", color="yellow"):
-            buffer = self.prepare_prefetch()
-            local = ids.shape[0]
-            slot = self._slot(local, dp_token_counts)
-            gathered = self._gather_ids(ids, slot)
-            if gathered.shape[0] > buffer.shape[0]:
-                raise ValueError(
-                    f"pinned PLE prefetch buffer holds {buffer.shape[0]} rows, "
-                    f"but the batch needs {gathered.shape[0]}"
-                )
+            buffer, gathered, slot, local = self._prefetch_target(ids, dp_token_counts)
             active = buffer[: gathered.shape[0]]
             if self._stream is not None:
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))
