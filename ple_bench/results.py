@@ -5,7 +5,8 @@ This format is a public interface (nightly CI and dashboards parse it):
 ``meta.json``: ``run_id``, ``suite``, ``device`` (name, driver, cuda, memory_bytes,
 ...), ``torch``, ``triton``, ``python``, ``git_commit``, ``host``, ``ceilings``
 (name -> GB/s), ``mode`` (``gpu`` | ``functional``), ``timer``, ``started_at``,
-``ended_at``, ``argv``, ``status`` (``running`` | ``complete`` | ``interrupted``).
+``ended_at``, ``argv``, ``status`` (``running`` | ``complete`` | ``interrupted`` | ``aborted``),
+``launcher`` (``self`` | ``torchrun``).
 
 ``records.jsonl``: one JSON object per case, appended and flushed as each case
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
