@@ -286,11 +286,26 @@ class CaseExecutor:
         rec.update(rows=rows, bytes_moved=rows * case.row_bytes, row_bytes=case.row_bytes,
                    table_bytes=case.table_bytes, id_sets=len(id_sets),
                    graph_id_sets=1 if graph_meas is not None else None)
-        if hasattr(backend, "reset_stats") and hasattr(backend, "stats"):
-            backend.reset_stats()
-            fn()
-            rec["cache_hit_rate"] = backend.stats().get("last_hit_rate")
+        rec.update(self._path_stats(backend, fn, len(id_sets)))
         return rec
+
+    def _path_stats(self, backend, fn, calls: int) -> dict[str, Any]:
+        """``calls`` more (untimed) calls, one per id set, for what the path reports
+        about itself: the CPU time of its own host threads per call and, for a
+        cache, the hit rate over all of them."""
+        out: dict[str, Any] = {}
+        if hasattr(backend, "reset_stats"):
+            backend.reset_stats()
+        before = getattr(backend, "host_thread_s", None)
+        for _ in range(calls):
+            fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if before is not None:
+            out["host_thread_ms"] = (backend.host_thread_s - before) * 1e3 / calls
+        if hasattr(backend, "stats"):
+            out["cache_hit_rate"] = backend.stats().get("hit_rate")
+        return out
 
     def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:
         from . import measure as m
@@ -321,7 +336,11 @@ class CaseExecutor:
         self._gate(case, backend, id_sets, counts)
         key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
                case.compute_us, case.hidden, case.graph, topo)
-        baseline = self.resident_step_ms.get(key)
+        # The resident baseline: the device-resident step with the same lookup kernel when the
+        # suite has one (a like-for-like storage comparison), else the device backend's default.
+        kernel = backend.kernel_name
+        baseline_kernel = kernel if (key, kernel) in self.resident_step_ms else "torch_masked"
+        baseline = self.resident_step_ms.get((key, baseline_kernel))
         # several id sets, copied into the step's static input in turn: fresh rows each step
         if len(id_sets) < 2:
             id_sets = self.id_sets_for(case, topo, 8)
@@ -333,8 +352,11 @@ class CaseExecutor:
             raise SkipCase(str(exc)) from exc
         except step_mod.StepMismatch as exc:
             raise InvalidCase(str(exc)) from exc
+        rec.update(self._path_stats(backend, self._lookup_fn(case, backend, id_sets, counts), len(id_sets)))
         if case.impl == "device" and rec.get("step_ms") is not None:
-            self.resident_step_ms[key] = rec["step_ms"]
+            self.resident_step_ms[(key, kernel)] = rec["step_ms"]
+        if baseline is not None and case.impl != "device":
+            rec["offload_baseline"] = f"device · {baseline_kernel}"
         if topo.world_size > 1:
             rec.update(_slowest_rank(rec))
         rows = ids.numel()

@@ -98,6 +98,20 @@ def test_run_smoke_end_to_end(tmp_path):
     assert multi and all(r["status"] == "ok" and len(r["rank_medians_ms"]) == 2 for r in multi)
     steps = [r for r in recs if r["kind"] == "step" and r["status"] == "ok"]
     assert steps and all(r["step_ms"] > 0 for r in steps)
+    # what a path reports about itself: host-thread CPU time, cache hit rate
+    by_impl = {}
+    for r in recs:
+        if r["status"] == "ok":
+            by_impl.setdefault(r["impl"], []).append(r)
+    assert all(r["host_thread_ms"] > 0 for r in by_impl["pinned_cpu_gather"])
+    assert all(r["host_thread_ms"] == 0 for r in by_impl["device"] + by_impl["pinned_uva"])
+    assert all(0 <= r["cache_hit_rate"] <= 1 for r in by_impl["pinned_hot_cache"])
+    assert all(r["id_sets"] == 2 for r in recs if r["status"] == "ok" and r["kind"] == "lookup")
+    # pinned steps are compared with the resident step that uses the same kernel
+    pinned_steps = [r for r in steps if r["impl"] == "pinned_uva" and r["kernel"] in ("", "triton_reference")]
+    assert pinned_steps
+    for r in pinned_steps:
+        assert r["offload_baseline"] == "device · triton_reference" and r["offload_overhead"] is not None
     df = results.load(run_dir)
     assert len(df) == len(recs)
     assert (rep_dir / run_dir.name / "index.html").exists()

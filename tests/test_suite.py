@@ -85,7 +85,7 @@ def test_smoke_is_small_and_covers_the_axes(shipped):
 def test_default_suite_shape(shipped):
     default = shipped["default"]
     cases = default.cases
-    assert 60 <= len(cases) <= 120
+    assert 60 <= len(cases) <= 140  # 120 cases ran in 275 s on an H200 (docs/benchmark-engine.md)
     assert default.gpu_only and default.functional_fallback == "smoke"
     sizes = [table_bytes(c) for c in cases]
     assert 64 * MiB - 160 < min(sizes) <= 64 * MiB

@@ -19,7 +19,10 @@ and stands in for vLLM's forward context.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
@@ -102,6 +105,26 @@ class PLEEmbedding(ABC):
         self.weight = self.allocate_table(self.shard.rows_per_rank, embedding_dim, self.storage_dtype)
         self.scale = self.format.new_scale(self.device)
         self._pending: tuple | None = None
+        # CPU time spent by the path's own host threads (gathers, waits); 0 for GPU-only paths
+        self.host_thread_s = 0.0
+        self._host_time_lock = threading.Lock()
+        self._host_time_depth = threading.local()
+
+    @contextlib.contextmanager
+    def host_thread_time(self):
+        """Count the CPU time of this thread inside the block into ``host_thread_s``
+        (the outermost block of each thread only, so nested blocks count once)."""
+        depth = getattr(self._host_time_depth, "n", 0)
+        self._host_time_depth.n = depth + 1
+        t0 = time.thread_time()
+        try:
+            yield
+        finally:
+            self._host_time_depth.n = depth
+            if depth == 0:
+                spent = time.thread_time() - t0
+                with self._host_time_lock:
+                    self.host_thread_s += spent
 
     # ----------------------------------------------------------- storage
     def _resolve_device(self, device: torch.device | str | None) -> torch.device:

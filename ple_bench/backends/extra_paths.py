@@ -86,6 +86,10 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
         return buf[:rows]
 
     def _gather_chunk(self, ids: torch.Tensor, dest: torch.Tensor) -> None:
+        with self.host_thread_time():
+            self._gather_rows(ids, dest)
+
+    def _gather_rows(self, ids: torch.Tensor, dest: torch.Tensor) -> None:
         table = int_view(self.weight)
         start, end = self.shard.vocab_start, self.shard.vocab_end
         owned = (ids >= start) & (ids < end)
@@ -166,6 +170,10 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
             self._pending = (gathered.shape[0], slot, local)
 
     def _prefetch_work(self, host_ids: torch.Tensor, ids_ready, dest: torch.Tensor) -> None:
+        with self.host_thread_time():  # the worker's waits and copies count too
+            self._prefetch_rows(host_ids, ids_ready, dest)
+
+    def _prefetch_rows(self, host_ids: torch.Tensor, ids_ready, dest: torch.Tensor) -> None:
         if dest.device.type == "cpu":
             self.host_gather(host_ids, dest)
             return

@@ -190,7 +190,7 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
                    "median_ms": t, "vs_fastest": t / t0, "status": "ok",
                    "vs_reference": t / num(ref.get("median_ms")) if ref is not None else None,
                    "gbps": r.get("gbps"), "rows_per_s": r.get("rows_per_s"), "hit_rate": hit_rate(r),
-                   "case_id": r.get("case_id")}
+                   "host_thread_ms": r.get("host_thread_ms"), "case_id": r.get("case_id")}
             row.update(ceiling_shares(run, r))
             rows.append(row)
     cols = [
@@ -212,6 +212,8 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
                help="GB/s against the device random-row gather ceiling at this row size"),
         Column("pct_d2d", "% D2D copy", formatter=_pct, help="GB/s against the D2D copy ceiling"),
         Column("hit_rate", "hit rate", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.1f}%"),
+        Column("host_thread_ms", "host-thread CPU ms",
+               help="CPU time of the path's own host threads per lookup (0: the path uses none)"),
         Column("case_id", "case", "text"),
     ]
     cols = [c for c in cols if c.key in ("workload", "path") or any(c.raw(r) not in (None, "") for r in rows)]

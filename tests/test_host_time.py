@@ -1,0 +1,42 @@
+"""``PLEEmbedding.host_thread_time``: CPU time of a path's own host threads,
+counted once per thread however the blocks nest."""
+
+import threading
+import time
+
+from ple_bench.backends.device import DeviceResidentEmbedding
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_nested_blocks_count_once_and_threads_add_up():
+    b = DeviceResidentEmbedding(64, 4, dtype="fp32", device="cpu")
+    assert b.host_thread_s == 0.0
+    with b.host_thread_time():
+        _spin(0.02)
+        with b.host_thread_time():  # nested: already counted by the outer block
+            _spin(0.02)
+    one = b.host_thread_s
+    assert 0.035 <= one < 0.2
+
+    def work():
+        with b.host_thread_time():
+            _spin(0.02)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 0.035 <= b.host_thread_s - one < 0.3  # two threads, ~20 ms of CPU each
+
+
+def test_sleeping_is_not_cpu_time():
+    b = DeviceResidentEmbedding(64, 4, dtype="fp32", device="cpu")
+    with b.host_thread_time():
+        time.sleep(0.05)
+    assert b.host_thread_s < 0.02
