@@ -63,7 +63,8 @@ def test_smoke_is_small_and_covers_the_axes(shipped):
     cases = smoke.cases
     assert 20 <= len(cases) <= 45
     assert not smoke.gpu_only
-    assert {c.impl for c in cases} == {"device", "pinned_uva", "pinned_cpu_gather", "pinned_hot_cache"}
+    assert {c.impl for c in cases} == {"device", "pinned_uva", "pinned_cpu_gather", "pinned_hot_cache",
+                                       "pinned_copy_engine"}
     # every lookup path runs in CI, as a lookup and inside the decode step
     from ple_bench.backends import kernel_names
 

@@ -27,6 +27,10 @@ def _load_builtin() -> None:
         from . import extra_paths  # noqa: F401  (optional alternative lookup paths)
     except ImportError:
         pass
+    try:
+        from . import copy_engine  # noqa: F401  (row copies by the copy engines)
+    except ImportError:
+        pass
 
 
 def backend_names() -> list[str]:
