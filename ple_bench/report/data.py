@@ -40,7 +40,7 @@ MULTIRANK_KEYS = ("gather_ms", "reduce_ms", "rank_spread_ms")
 # backend's ``default_kernel``.  A lookup *path* is impl + the kernel it ran.
 DEFAULT_KERNELS = {"device": "torch_masked", "pinned_uva": "triton_reference", "pinned_hot_cache": "triton_tuned"}
 # Paths with no GPU gather kernel of their own (the kernel axis does not apply).
-KERNEL_FREE_IMPLS = {"pinned_cpu_gather"}
+KERNEL_FREE_IMPLS = {"pinned_cpu_gather", "pinned_copy_engine"}
 # The path other paths are compared against (the default pinned-host path).
 REFERENCE_PATH = "pinned_uva · triton_reference"
 # Derived axes: name -> the case axes they are made of.
