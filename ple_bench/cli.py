@@ -218,12 +218,19 @@ NSYS_DOC = "https://docs.nvidia.com/nsight-systems/UserGuide/"
 
 
 def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str = sys.executable,
-                    samples: int = 10) -> list[str]:
-    """The profiler command line for one case, limited to the measurement window."""
+                    samples: int = 10, metrics: str | None = None) -> list[str]:
+    """The profiler command line for one case, limited to the measurement window.
+
+    ``metrics`` (ncu only): collect just these comma-separated metrics, one pass
+    per kernel instead of the default sections' replays (e.g.
+    ``gpu__time_duration.sum`` for kernel durations, minutes faster)."""
     inner = [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id, "--profile-window",
              "--samples", str(samples), "--no-report", "--no-progress", "--results-dir", str(out / "results")]
+    if metrics and tool != "ncu":
+        raise UsageError(f"--metrics is an ncu option, not one of {tool}")
     if tool == "ncu":
-        return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "ple_bench@measurement/",
+        chosen = ["--metrics", metrics] if metrics else []
+        return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "ple_bench@measurement/", *chosen,
                 "--profile-from-start", "off", "--target-processes", "all",
                 "--export", str(out / "profile"), "--force-overwrite", *inner]
     if tool == "nsys":
@@ -251,7 +258,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     case = matches[0]
     out = Path(args.out) if args.out else Path(args.results_dir) / "profiles" / case.case_id
     try:
-        cmd = profile_command(args.tool, str(suite.path), case.case_id, out, samples=args.samples)
+        cmd = profile_command(args.tool, str(suite.path), case.case_id, out, samples=args.samples,
+                              metrics=args.metrics)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -299,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default results/profiles/<case_id>)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--samples", type=int, default=10, help="samples per measurement under the profiler")
+    p.add_argument("--metrics", metavar="LIST",
+                   help="ncu only: collect just these comma-separated metrics (e.g. gpu__time_duration.sum): "
+                        "one pass per kernel instead of the default sections")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.set_defaults(func=cmd_profile)
     p = sub.add_parser("env", help="what this machine can run, and why not")

@@ -218,3 +218,9 @@ def test_profile_dry_run_builds_commands():
     assert "nsys profile" in proc.stdout and "--capture-range cudaProfilerApi" in proc.stdout
     proc = cli("profile", "--suite", "smoke", "--case", "lookup.*", "--tool", "ncu", "--dry-run")
     assert proc.returncode == 2 and "exactly one" in proc.stderr
+    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
+               "--metrics", "gpu__time_duration.sum")
+    assert proc.returncode == 0 and "--metrics gpu__time_duration.sum" in proc.stdout
+    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run",
+               "--metrics", "gpu__time_duration.sum")
+    assert proc.returncode == 2 and "ncu option" in proc.stderr

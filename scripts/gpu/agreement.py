@@ -25,7 +25,7 @@ from ple_bench.suite import load_suite
 def ncu_kernel_ms(case_id: str, out: Path) -> tuple[float | None, int, str]:
     """Run the case through ``python -m ple_bench profile`` and read the lookup kernel's durations."""
     cmd = [sys.executable, "-m", "ple_bench", "profile", "--suite", "default", "--case", case_id, "--tool", "ncu",
-           "--samples", "20", "--out", str(out)]
+           "--samples", "20", "--metrics", "gpu__time_duration.sum", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     log = proc.stdout[-1500:] + proc.stderr[-1500:]
     rep = out / "profile.ncu-rep"
@@ -56,7 +56,8 @@ def main() -> int:
         case = by_id[case_id]
         topo = Topology(case.tp, case.etp, case.dp)
         backend = ex.backend_for(case, topo, ex.groups_for(topo))
-        ids = ex.ids_for(case, topo)
+        # the runner's own workload: policy.id_sets independent id sets, looked up in turn
+        ids = ex.id_sets_for(case, topo, policy.id_sets)
         ex._gate(case, backend, ids, None)
         fn = ex._lookup_fn(case, backend, ids, None)
         ours = measure(fn, device=device, policy=policy, cold_l2=True).stats()["median_ms"]
