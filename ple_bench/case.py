@@ -39,6 +39,7 @@ class Case:
     hidden: int = 4096
     stream_priority: int = 0  # priority of the prefetch side stream (lower = higher priority)
     grid_frac: float = 1.0  # share of the lookup's grid / SMs the lookup may take
+    sm_limit: int = 0  # SMs the prefetch side stream may use (a green context); 0 = no limit
     # lookup-path axes
     cache_rows: int = 0  # hot-row cache in GPU memory (0 = none)
     extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
@@ -99,6 +100,8 @@ class Case:
             parts.append(f"prio{self.stream_priority}")
         if self.grid_frac != 1.0:
             parts.append(f"grid{self.grid_frac:g}")
+        if self.sm_limit:
+            parts.append(f"sm{self.sm_limit}")
         if self.cache_rows:
             parts.append(f"cache{self.cache_rows}")
         return ".".join(parts) + "-" + digest

@@ -122,7 +122,7 @@ class CaseExecutor:
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
         key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
-               case.num_tokens, case.cache_rows, case.stream_priority, topo)
+               case.num_tokens, case.cache_rows, case.stream_priority, case.sm_limit, topo)
         if self.table is not None and self.table.key == key:
             backend = self.table.backend
             # same table, another kernel: swap the kernel, keep the filled table
@@ -146,6 +146,8 @@ class CaseExecutor:
             kwargs["cache_rows"] = case.cache_rows
         if case.stream_priority:
             kwargs["stream_priority"] = case.stream_priority
+        if case.sm_limit:
+            kwargs["sm_limit"] = case.sm_limit
         for k, v in case.extra:
             kwargs[k] = v
         with annotate("table_fill", color="gray"):
@@ -153,6 +155,8 @@ class CaseExecutor:
                 backend = cls(case.vocab_size, case.dim, **kwargs)
             except TypeError as exc:
                 raise SkipCase(f"{case.impl} does not accept this case's options: {exc}") from exc
+            except NotImplementedError as exc:  # an option this path refuses (e.g. sm_limit)
+                raise SkipCase(str(exc)) from exc
             except torch.OutOfMemoryError as exc:
                 raise SkipCase(f"out of memory allocating the table: {exc}") from exc
             seed = TABLE_SEED_BASE + case.seed
@@ -176,6 +180,8 @@ class CaseExecutor:
         groups = self.groups_for(topo)
         with annotate(f"case {case.case_id}", color="blue"):
             backend = self.backend_for(case, topo, groups)
+            if case.sm_limit:
+                self._prepare_sm_limit(case, backend)
             id_sets = self.id_sets_for(case, topo, getattr(policy, "id_sets", 1))
             ids = id_sets[0]
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
@@ -188,6 +194,23 @@ class CaseExecutor:
                 if case.kind == "step":
                     return self._run_step(case, backend, id_sets, counts, policy, topo)
                 return self._run_lookup(case, backend, id_sets, counts, policy, topo)
+
+    def _prepare_sm_limit(self, case: Case, backend) -> None:
+        """``sm_limit`` > 0: the prefetch side stream on a green context of that many
+        SMs, made now (before the gate).  SkipCase where that cannot be."""
+        if not case.prefetch:
+            raise SkipCase(f"sm_limit={case.sm_limit} limits the prefetch side stream; prefetch is off")
+        if self.device.type != "cuda":
+            raise SkipCase(f"sm_limit={case.sm_limit} needs CUDA (green contexts); functional mode has no streams")
+        if getattr(backend, "sm_limit", None) != case.sm_limit or not hasattr(backend, "prepare_prefetch"):
+            raise SkipCase(f"{case.impl} has no sm_limit setting for its side stream")
+        total = torch.cuda.get_device_properties(self.device).multi_processor_count
+        if case.sm_limit > total:
+            raise SkipCase(f"sm_limit={case.sm_limit}: this GPU has {total} SMs")
+        try:
+            backend.prepare_prefetch()
+        except NotImplementedError as exc:  # GreenContextUnavailable: no way to make one here
+            raise SkipCase(str(exc)) from exc
 
     def id_sets_for(self, case: Case, topo: Topology, n: int) -> list[torch.Tensor]:
         """``n`` independent id sets of the case's distribution (the first is ``ids_for(case)``)."""
@@ -287,6 +310,7 @@ class CaseExecutor:
                    table_bytes=case.table_bytes, id_sets=len(id_sets),
                    graph_id_sets=1 if graph_meas is not None else None)
         rec.update(self._path_stats(backend, fn, len(id_sets)))
+        rec.update(sm_limit_fields(case, backend))
         return rec
 
     def _path_stats(self, backend, fn, calls: int) -> dict[str, Any]:
@@ -364,6 +388,15 @@ class CaseExecutor:
         rec.setdefault("bytes_moved", rows * case.row_bytes)
         rec.update(row_bytes=case.row_bytes, table_bytes=case.table_bytes)
         return rec
+
+
+def sm_limit_fields(case: Case, backend) -> dict[str, Any]:
+    """``sm_limit_granted`` (SMs the driver gave the side stream's green context) and
+    ``green_via`` (how it was made) for a case with ``sm_limit`` > 0; nothing otherwise."""
+    if not case.sm_limit:
+        return {}
+    return {"sm_limit_granted": getattr(backend, "sm_limit_granted", None),
+            "green_via": getattr(backend, "green_via", None)}
 
 
 GRID_CAPPED_KERNELS = ("triton_tuned", "dedup_triton", "dedup:triton_tuned")

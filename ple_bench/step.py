@@ -526,7 +526,9 @@ def run_step_case(
     side-stream lookup slows the compute beside it); ``offload_overhead`` =
     step / resident step - 1; ``graph_break_cost_ms`` = breakable step - full
     step (breakable cases on one rank, when a full graph can be captured);
-    ``compute_matmuls``, ``matmul_us`` (calibrated), ``compute_target_us``.
+    ``compute_matmuls``, ``matmul_us`` (calibrated), ``compute_target_us``;
+    with ``sm_limit`` > 0 (the prefetch side stream on a green context of that
+    many SMs), ``sm_limit_granted`` (SMs the driver gave) and ``green_via``.
 
     ``NotImplementedError`` (-> skipped) for what cannot run here;
     :class:`StepMismatch` (-> invalid) for a wrong result."""
@@ -541,6 +543,9 @@ def run_step_case(
     priority = int(getattr(case, "stream_priority", 0) or 0)
     if priority:
         _apply_stream_priority(backend, priority, case, device)
+    sm_limit = int(getattr(case, "sm_limit", 0) or 0)
+    if sm_limit:
+        _apply_sm_limit(backend, sm_limit, case, device)
     if measure_fn is None:
         from .measure import measure as measure_fn  # noqa: N813
     sets = [t.to(backend.device) for t in _id_sets(ids)]
@@ -553,10 +558,14 @@ def run_step_case(
         prefetch=case.prefetch, graph=case.graph, device=device,
     )
     try:
-        return _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
-                             resident_baseline, measure_fn)
+        rec = _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
+                            resident_baseline, measure_fn)
     finally:
         step.close()
+    if sm_limit:
+        rec["sm_limit_granted"] = getattr(backend, "sm_limit_granted", None)
+        rec["green_via"] = getattr(backend, "green_via", None)
+    return rec
 
 
 def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device, multi,
@@ -651,3 +660,29 @@ def _apply_stream_priority(backend, priority: int, case, device: torch.device) -
                 f"the case asks for {priority}"
             )
         backend.stream_priority = priority
+
+
+def _apply_sm_limit(backend, sm_limit: int, case, device: torch.device) -> None:
+    """Check that ``sm_limit`` can apply (CUDA, prefetch on, a side stream whose SMs
+    can be limited) and set it on the backend before its side stream exists."""
+    if device.type != "cuda":
+        raise NotImplementedError(f"sm_limit={sm_limit} needs CUDA (green contexts; functional mode "
+                                  "has no streams)")
+    if not (case.prefetch and getattr(backend, "supports_prefetch", False)):
+        raise NotImplementedError(
+            f"sm_limit limits the prefetch side stream's SMs; impl={case.impl} "
+            f"prefetch={case.prefetch} launches no side stream"
+        )
+    refusal = getattr(backend, "sm_limit_refusal", "")
+    if refusal:
+        raise NotImplementedError(f"sm_limit={sm_limit}: {refusal}")
+    current = getattr(backend, "sm_limit", None)
+    if current is None:
+        raise NotImplementedError(f"{type(backend).__name__} has no sm_limit setting")
+    if current != sm_limit:
+        if getattr(backend, "prefetch_stream", None) is not None:
+            raise ValueError(
+                f"the backend's side stream already exists with sm_limit {current}, "
+                f"the case asks for {sm_limit}"
+            )
+        backend.sm_limit = sm_limit

@@ -37,7 +37,7 @@ A suite is a TOML file ``suites/<name>.toml``::
 
 Axes are exactly the fields of :class:`ple_bench.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
-seed, compute_us, hidden, stream_priority, grid_frac, cache_rows), plus
+seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows), plus
 ``table_bytes`` (an integer or a size string such as ``"64MiB"``/``"32GiB"``;
 a group gives either ``vocab_size`` or ``table_bytes``) and ``extra.<key>`` (free
 axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
@@ -62,6 +62,12 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   ``row_bytes``, ``table_bytes``, ``num_ids`` (tokens x heads): integer and
   string literals, ``+ - * / // % **``, comparisons, ``in``, ``and``/``or``/
   ``not``.  It is parsed, never ``eval``-ed.
+* ``sm_limit`` (an integer >= 0; 0, the default, = no limit) limits the
+  prefetch side stream to a green context of that many SMs (the driver rounds
+  up to its granularity; the record says ``sm_limit_granted``).  It needs
+  ``prefetch = true``: a case with ``sm_limit`` > 0 and prefetch off is an
+  error (filter it with ``exclude``).  A ``kind = "lookup"`` case with prefetch
+  runs its lookup on that stream, the main stream waiting for it.
 * For ``kind = "lookup"`` the step-only axes ``compute_us`` and ``hidden`` are
   reset to their defaults (so a mixed group does not repeat a lookup per compute
   time); cases that become equal, within or across groups, are kept once.
@@ -391,6 +397,7 @@ AXES: dict[str, Callable[[Any], Any]] = {
     "hidden": _int(1),
     "stream_priority": _int(hi=0),
     "grid_frac": _float(0.0, 1.0, lo_open=True),
+    "sm_limit": _int(0),
     "cache_rows": _int(0),
 }
 # Pseudo-axis: a table size, turned into vocab_size = table_bytes // row_bytes.
@@ -861,6 +868,10 @@ class _SuiteParser:
             workload.check_ngram_heads(axes["ids"], axes["num_heads"])
         except ValueError as exc:
             raise self.fail(where, f"keys 'ids'/'num_heads': {exc} (case {case})") from None
+        if axes["sm_limit"] and not axes["prefetch"]:
+            raise self.fail(where, f"key 'sm_limit': {axes['sm_limit']} limits the prefetch side stream's SMs "
+                                   f"and needs prefetch = true; prefetch is off in case {case} "
+                                   "(filter with exclude = [{prefetch = false, sm_limit = [...]}])")
         if axes["vocab_size"] < axes["num_heads"]:
             raise self.fail(where, f"key 'vocab_size': {axes['vocab_size']} rows is fewer than "
                                    f"num_heads={axes['num_heads']}; every head needs rows (case {case})")

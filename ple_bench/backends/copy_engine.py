@@ -38,7 +38,8 @@ the copies on the side stream.  ``finalize`` joins the worker, then (as
 ``pinned_uva``) the main stream waits for the side stream.  The worker's CPU
 time is counted in ``host_thread_s``.  The synchronous ``lookup`` copies the
 ids to the host with a blocking sync and issues the copies on the current
-stream.  Host work cannot be captured in a CUDA graph: eager only.
+stream.  Host work cannot be captured in a CUDA graph: eager only.  No SM runs
+the lookup, so ``sm_limit`` (a green-context side stream) is refused.
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
 
     supports_prefetch = True
     default_kernel = "torch_masked"  # not used by this path's lookups
+    sm_limit_refusal = ("pinned_copy_engine moves rows with the copy engines (one memcpy per row); "
+                        "no SMs run its lookup, so an SM limit does not apply")
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, copy_mechanism: str = "auto",
                  prefer_overlap: bool = True, **kwargs) -> None:

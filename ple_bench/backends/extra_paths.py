@@ -10,7 +10,8 @@
 
 Both keep ``pinned_uva``'s interface, prefetch buffer, side stream, ETP reduce
 and DP selection (they subclass :class:`PinnedUVAEmbedding`), and run in CPU
-functional mode too.
+functional mode too.  ``sm_limit`` (a green-context side stream) applies to the
+hot cache's kernel; the CPU gather, which runs no kernel, refuses it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
 
     supports_prefetch = True
     default_kernel = "torch_masked"  # not used by this path's lookups
+    sm_limit_refusal = ("pinned_cpu_gather gathers on the host's cores and copies with the copy "
+                        "engines; no SMs run its lookup, so an SM limit does not apply")
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, gather_threads: int = 0,
                  **kwargs) -> None:

@@ -1,6 +1,11 @@
 """Backend 2: the shard in pinned host memory, read by the GPU through a UVA
 view, with an asynchronous prefetch on a side stream.
 
+The side stream takes a priority (``stream_priority``) and may be limited to a
+number of SMs (``sm_limit`` > 0: a green-context stream, see :mod:`.green`;
+``sm_limit_granted`` / ``green_via`` say what the driver gave and how).
+Subclasses whose gather uses no SMs refuse ``sm_limit`` (``sm_limit_refusal``).
+
 On a machine without a GPU the same code runs in *functional mode*: the table is
 ordinary host memory (pinning needs CUDA), the Triton kernel runs under the
 interpreter, and the prefetch is synchronous.  ``functional`` says which."""
@@ -14,6 +19,7 @@ import torch
 
 from ..annotate import annotate
 from .base import PLEEmbedding, _check_out
+from .green import GreenContextUnavailable, GreenHandle, shared_green_stream
 from .registry import register_backend
 from .uva import cuda_view_of_pinned, uva_available
 
@@ -22,10 +28,18 @@ from .uva import cuda_view_of_pinned, uva_available
 class PinnedUVAEmbedding(PLEEmbedding):
     supports_prefetch = True
     default_kernel = "triton_reference"
+    #: why this path refuses ``sm_limit`` ("" = it accepts it): set by subclasses whose
+    #: side-stream work is not done by SMs
+    sm_limit_refusal: str = ""
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, *, stream_priority: int = 0, **kwargs
+        self, num_embeddings: int, embedding_dim: int, *, stream_priority: int = 0,
+        sm_limit: int = 0, **kwargs
     ) -> None:
+        if isinstance(sm_limit, bool) or not isinstance(sm_limit, int) or sm_limit < 0:
+            raise ValueError(f"sm_limit must be a non-negative integer (0 = no limit), got {sm_limit!r}")
+        if sm_limit and self.sm_limit_refusal:
+            raise NotImplementedError(f"sm_limit={sm_limit}: {self.sm_limit_refusal}")
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             ok, why = uva_available(device)
@@ -40,6 +54,9 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self.prefetch_rows = self.max_tokens * self.topology.replicas
         # priority of the side stream (lower = higher priority); read when it is created
         self.stream_priority = int(stream_priority)
+        # SMs the side stream may use (0 = all); read when it is created
+        self.sm_limit = int(sm_limit)
+        self._green: GreenHandle | None = None
 
     def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
         pin = self.device.type == "cuda"
@@ -52,7 +69,30 @@ class PinnedUVAEmbedding(PLEEmbedding):
     def prefetch_stream(self) -> torch.cuda.Stream | None:
         return self._stream
 
+    @property
+    def sm_limit_granted(self) -> int | None:
+        """SMs the driver gave the side stream's green context (None: no limit,
+        not created yet, or not known)."""
+        return self._green.granted_sms if self._green is not None else None
+
+    @property
+    def green_via(self) -> str | None:
+        """How the green context was made ("torch" / "cuda.bindings"), None without one."""
+        return self._green.via if self._green is not None else None
+
+    def _new_side_stream(self) -> torch.cuda.Stream:
+        if self.sm_limit:
+            # shared per (device, SMs, priority) and kept for the process: tensors that were
+            # record_stream-ed on it (the caller's ids) may outlive this backend
+            stream, self._green = shared_green_stream(self.device, self.sm_limit, self.stream_priority)
+            return stream
+        return torch.cuda.Stream(device=self.device, priority=self.stream_priority)
+
     def close(self) -> None:
+        if self._stream is not None and self._inflight_ids is not None:
+            self._stream.synchronize()  # a prefetch never finalized: let it finish reading
+        self._green = None  # the shared green context lives on (see green.shared_green_stream)
+        self._stream = None
         self._uva = None  # type: ignore[assignment]
         self._buffer = None
         self._inflight_ids = None
@@ -70,12 +110,17 @@ class PinnedUVAEmbedding(PLEEmbedding):
                 return self._buffer
             if self.prefetch_rows <= 0:
                 raise ValueError("prefetch needs max_tokens > 0 (the buffer's size per DP rank)")
-            if not self.functional:
+            if self.functional:
+                if self.sm_limit:
+                    raise GreenContextUnavailable(
+                        f"sm_limit={self.sm_limit} needs CUDA (green contexts); functional mode has no streams"
+                    )
+            else:
                 if torch.cuda.is_current_stream_capturing():
                     raise RuntimeError(
                         "pinned PLE prefetch buffer must be allocated eagerly, before cudagraph capture"
                     )
-                self._stream = torch.cuda.Stream(device=self.device, priority=self.stream_priority)
+                self._stream = self._new_side_stream()
             self._buffer = torch.empty(
                 self.prefetch_rows, self.num_heads, self.embedding_dim,
                 dtype=self.storage_dtype, device=self.device,

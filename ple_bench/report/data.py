@@ -23,7 +23,7 @@ from ..results import load_meta, load_records
 AXES = (
     "kind", "impl", "kernel", "vocab_size", "dim", "dtype", "num_heads", "num_tokens",
     "tp", "etp", "dp", "prefetch", "graph", "ids", "compute_us", "hidden",
-    "stream_priority", "grid_frac", "cache_rows",
+    "stream_priority", "grid_frac", "sm_limit", "cache_rows",
 )
 ALL_AXES = AXES + ("seed", "extra")
 

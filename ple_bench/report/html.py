@@ -132,6 +132,8 @@ def record_columns(records: Sequence[dict[str, Any]]) -> list[Column]:
         Column("ids", "ids", "text"),
         Column("cache_rows", "cache rows"),
         Column("grid_frac", "grid frac"),
+        Column("sm_limit", "SM limit", help="SMs the prefetch side stream may use (green context); 0 = all"),
+        Column("sm_limit_granted", "SMs granted", help="SMs the driver gave the green context (rounded up)"),
         Column("stream_priority", "stream prio"),
         Column("hidden", "hidden"),
         Column("seed", "seed"),
@@ -224,6 +226,7 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
     recs, shape = decode_steps(run)
     recs = sorted(recs, key=lambda r: (num(r.get("num_tokens")) or 0, path_of(r), not r.get("prefetch"),
                                        str(r.get("graph")), num(r.get("stream_priority")) or 0,
+                                       num(r.get("grid_frac")) or 1.0, num(r.get("sm_limit")) or 0,
                                        num(r.get("compute_us")) or 0))
     axes = step_config_axes(recs)
     cols = [
@@ -232,6 +235,9 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
         Column("prefetch", "prefetch", "text"),
         Column("graph", "graph", "text"),
         Column("stream_priority", "stream prio"),
+        Column("grid_frac", "grid frac"),
+        Column("sm_limit", "SM limit", help="SMs the prefetch side stream may use (green context); 0 = all"),
+        Column("sm_limit_granted", "SMs granted", help="SMs the driver gave the green context (rounded up)"),
         Column("ids", "ids", "text"),
         Column("compute_us", "compute µs"),
         Column("step_ms", "step ms"),
@@ -249,7 +255,8 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
         Column("case_id", "case", "text"),
     ]
     keep = {"num_tokens", "path", "prefetch", "compute_us"} | set(axes)
-    cols = [c for c in cols if c.key in keep or (c.key not in ("graph", "stream_priority", "ids")
+    cols = [c for c in cols if c.key in keep or (c.key not in ("graph", "stream_priority", "grid_frac",
+                                                                 "sm_limit", "ids")
                                                    and any(c.raw(r) not in (None, "") for r in recs))]
     return cols, table_rows(cols, recs), shape
 

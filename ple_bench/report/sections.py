@@ -8,7 +8,8 @@ Owns two comparisons:
   and rows/s as shares of the ceilings stored in ``meta.json``;
 * **decode-step overlap** (issues 4 and 8): ``kind=step`` records at the
   Qwen4Exp-like decode shape (fp8, dim 160, 16 heads) when the run has it,
-  labelled by path, prefetch, graph mode and stream priority.
+  labelled by path, prefetch, graph mode, stream priority, grid share and
+  SM limit.
 
 Nothing here measures or formats prose; see findings.py for the words.
 """
@@ -23,7 +24,7 @@ from .data import (
 )
 
 # Axes that choose the lookup path rather than the work; everything else defines a workload.
-PATH_AXES = ("impl", "kernel", "cache_rows", "grid_frac")
+PATH_AXES = ("impl", "kernel", "cache_rows", "grid_frac", "sm_limit")
 WORKLOAD_AXES = tuple(a for a in AXES if a not in PATH_AXES)
 DECODE_SHAPE = {"dtype": "fp8", "dim": 160, "num_heads": 16}
 
@@ -153,7 +154,7 @@ def decode_steps(run: Run) -> tuple[list[dict[str, Any]], str]:
 def step_config_axes(records: Sequence[dict[str, Any]]) -> list[str]:
     """Axes besides path that name a step configuration (only those that vary)."""
     out = ["prefetch"]
-    for axis in ("graph", "stream_priority", "ids", "cache_rows"):
+    for axis in ("graph", "stream_priority", "grid_frac", "sm_limit", "ids", "cache_rows"):
         if len({axis_value(r, axis) for r in records}) > 1:
             out.append(axis)
     return out
@@ -169,6 +170,10 @@ def step_config_label(record: dict[str, Any], axes: Sequence[str]) -> str:
             parts.append(f"graph {v}" if v not in (None, "") else "")
         elif axis == "stream_priority":
             parts.append(f"prio {fmt(v)}")
+        elif axis == "grid_frac":
+            parts.append(f"grid {fmt(v)}")
+        elif axis == "sm_limit":
+            parts.append(f"{fmt(v)} SMs" if v else "all SMs")
         elif axis == "vocab_size":
             parts.append(fmt_bytes(record.get("table_bytes")) + " table")
         else:
