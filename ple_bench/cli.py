@@ -218,7 +218,8 @@ NSYS_DOC = "https://docs.nvidia.com/nsight-systems/UserGuide/"
 
 
 def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str = sys.executable,
-                    samples: int = 10, metrics: str | None = None) -> list[str]:
+                    samples: int = 10, metrics: str | None = None,
+                    cache_control: str | None = None) -> list[str]:
     """The profiler command line for one case, limited to the measurement window.
 
     ``metrics`` (ncu only): collect just these comma-separated metrics, one pass
@@ -226,10 +227,12 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
     ``gpu__time_duration.sum`` for kernel durations, minutes faster)."""
     inner = [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id, "--profile-window",
              "--samples", str(samples), "--no-report", "--no-progress", "--results-dir", str(out / "results")]
-    if metrics and tool != "ncu":
-        raise UsageError(f"--metrics is an ncu option, not one of {tool}")
+    if (metrics or cache_control) and tool != "ncu":
+        raise UsageError(f"--metrics and --cache-control are ncu options, not ones of {tool}")
     if tool == "ncu":
         chosen = ["--metrics", metrics] if metrics else []
+        if cache_control:
+            chosen += ["--cache-control", cache_control]
         return ["ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "ple_bench@measurement/", *chosen,
                 "--profile-from-start", "off", "--target-processes", "all",
                 "--export", str(out / "profile"), "--force-overwrite", *inner]
@@ -259,7 +262,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.results_dir) / "profiles" / case.case_id
     try:
         cmd = profile_command(args.tool, str(suite.path), case.case_id, out, samples=args.samples,
-                              metrics=args.metrics)
+                              metrics=args.metrics, cache_control=args.cache_control)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -310,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="LIST",
                    help="ncu only: collect just these comma-separated metrics (e.g. gpu__time_duration.sum): "
                         "one pass per kernel instead of the default sections")
+    p.add_argument("--cache-control", choices=["all", "none"],
+                   help="ncu only: 'all' (ncu's default) flushes the GPU caches before every profiled kernel, "
+                        "'none' profiles it warm")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.set_defaults(func=cmd_profile)
     p = sub.add_parser("env", help="what this machine can run, and why not")

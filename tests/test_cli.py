@@ -223,4 +223,7 @@ def test_profile_dry_run_builds_commands():
     assert proc.returncode == 0 and "--metrics gpu__time_duration.sum" in proc.stdout
     proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run",
                "--metrics", "gpu__time_duration.sum")
-    assert proc.returncode == 2 and "ncu option" in proc.stderr
+    assert proc.returncode == 2 and "ncu options" in proc.stderr
+    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
+               "--cache-control", "none")
+    assert proc.returncode == 0 and "--cache-control none" in proc.stdout

@@ -2,7 +2,10 @@
 ncu's gpu__time_duration for the same lookup (reference Triton kernel, one
 kernel per lookup), and the profile verb under ncu.
 
-    PYTHONPATH=. python3 scripts/gpu/agreement.py CASE_ID [CASE_ID ...]
+    PYTHONPATH=. python3 scripts/gpu/agreement.py [--ncu-cache-control=none] CASE_ID [CASE_ID ...]
+
+ncu flushes the GPU caches before every kernel it profiles (``--cache-control all``);
+``--ncu-cache-control=none`` profiles warm, to compare with ple_bench's hot median.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ from ple_bench.parallel import Topology
 from ple_bench.suite import load_suite
 
 
-def ncu_kernel_ms(case_id: str, out: Path) -> tuple[float | None, int, str]:
+def ncu_kernel_ms(case_id: str, out: Path, cache_control: str = "all") -> tuple[float | None, int, str]:
     """Run the case through ``python -m ple_bench profile`` and read the lookup kernel's durations."""
     cmd = [sys.executable, "-m", "ple_bench", "profile", "--suite", "default", "--case", case_id, "--tool", "ncu",
-           "--samples", "20", "--metrics", "gpu__time_duration.sum", "--out", str(out)]
+           "--samples", "20", "--metrics", "gpu__time_duration.sum", "--cache-control", cache_control, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     log = proc.stdout[-1500:] + proc.stderr[-1500:]
     rep = out / "profile.ncu-rep"
@@ -52,7 +55,11 @@ def main() -> int:
     device = torch.device("cuda", 0)
     ex = CaseExecutor(device=device)
     rows = []
-    for case_id in sys.argv[1:]:
+    args = sys.argv[1:]
+    cache_control = "all"
+    if args and args[0].startswith("--ncu-cache-control="):
+        cache_control = args.pop(0).split("=", 1)[1]
+    for case_id in args:
         case = by_id[case_id]
         topo = Topology(case.tp, case.etp, case.dp)
         backend = ex.backend_for(case, topo, ex.groups_for(topo))
@@ -63,9 +70,9 @@ def main() -> int:
         ours = measure(fn, device=device, policy=policy, cold_l2=True).stats()["median_ms"]
         ours_hot = measure(fn, device=device, policy=policy, cold_l2=False).stats()["median_ms"]
         db = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-        ncu_ms, n, note = ncu_kernel_ms(case_id, Path(f"/tmp/prof-{case_id}"))
+        ncu_ms, n, note = ncu_kernel_ms(case_id, Path(f"/tmp/prof-{case_id}-{cache_control}"), cache_control)
         rows.append((case_id, ours, ours_hot, db, ncu_ms, n))
-        print(f"{case_id}: ours cold {ours:.4f} ms, hot {ours_hot:.4f}; do_bench {db:.4f}; "
+        print(f"[ncu cache-control {cache_control}] {case_id}: ours cold {ours:.4f} ms, hot {ours_hot:.4f}; do_bench {db:.4f}; "
               f"ncu {ncu_ms if ncu_ms is None else round(ncu_ms, 4)} ms over {n} launches ({note})", flush=True)
     print("\n| case | ple_bench cold median (ms) | ple_bench hot | do_bench median (ms) | ours/do_bench | "
           "ncu gpu__time_duration median (ms) | ours/ncu |")
