@@ -110,14 +110,22 @@ def load_meta(run_dir: str | Path) -> dict[str, Any]:
 
 
 def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Records of a run; a torn last line (a run killed mid-write) is ignored."""
+    """Records of a run; a torn last line (a run killed mid-write) is ignored.
+    An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/)."""
     path = Path(run_dir) / "records.jsonl"
-    if not path.exists():
+    packed = path.with_name("records.jsonl.gz")
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+    elif packed.exists():
+        import gzip
+
+        text = gzip.decompress(packed.read_bytes()).decode("utf-8")
+    else:
         if not (Path(run_dir) / "meta.json").exists():
             raise FileNotFoundError(f"{run_dir} is not a ple_bench run (no meta.json)")
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if not line:
             continue

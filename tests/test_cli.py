@@ -160,6 +160,14 @@ def test_resume_runs_only_missing_cases(tmp_path):
     recs = results.load_records(run_dir)
     assert len(recs) == 3 and all(r["status"] == "ok" for r in recs)
     assert json.loads(lines[0]) in recs  # the first record was kept as it was
+    # an archived copy (records.jsonl.gz, as in docs/runs/) loads to the same records
+    import gzip
+
+    packed = tmp_path / "archived"
+    packed.mkdir()
+    (packed / "meta.json").write_text((run_dir / "meta.json").read_text())
+    (packed / "records.jsonl.gz").write_bytes(gzip.compress((run_dir / "records.jsonl").read_bytes()))
+    assert sorted(results.load(packed)["case_id"]) == sorted(r["case_id"] for r in recs)
 
 
 def test_ctrl_c_keeps_results(tmp_path):
