@@ -361,10 +361,12 @@ class CaseExecutor:
         key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
                case.compute_us, case.hidden, case.graph, topo)
         # The resident baseline: the device-resident step with the same lookup kernel when the
-        # suite has one (a like-for-like storage comparison), else the device backend's default.
+        # suite has one (a like-for-like storage comparison), else the resident step with the
+        # reference Triton kernel, else the device backend's default (the record names it).
         kernel = backend.kernel_name
-        baseline_kernel = kernel if (key, kernel) in self.resident_step_ms else "torch_masked"
-        baseline = self.resident_step_ms.get((key, baseline_kernel))
+        baseline_kernel = next((k for k in (kernel, "triton_reference", "torch_masked")
+                                if (key, k) in self.resident_step_ms), None)
+        baseline = self.resident_step_ms.get((key, baseline_kernel)) if baseline_kernel else None
         # several id sets, copied into the step's static input in turn: fresh rows each step
         if len(id_sets) < 2:
             id_sets = self.id_sets_for(case, topo, 8)

@@ -10,16 +10,17 @@ Specs (see :func:`parse_ids_spec`):
 
 * ``"uniform"`` -- every row of the head's range equally likely.
 * ``"zipf:<a>"`` (``a > 0``) -- Zipf-distributed popularity ranks over the
-  head's range (P(rank k) ~ k^-a), mapped to rows through a seeded affine
-  permutation of the range, so the hot rows are scattered across the table
-  instead of sitting at its start.  Ranges of billions of rows are fine: nothing
+  head's range (P(rank k) ~ k^-a), mapped to rows through an affine
+  permutation of the range seeded by ``layout_seed`` (not by ``seed``: every id
+  set of a workload has the same hot rows), so the hot rows are scattered across
+  the table instead of sitting at its start.  Ranges of billions of rows are fine: nothing
   of the size of the range is ever materialised (the first ranks are sampled
   exactly, the tail by the inverse CDF of the continuous density).
 * ``"ngram"`` / ``"ngram:<n1>,<n2>,..."`` -- Engram-style hashed n-grams of a
   seeded synthetic token stream (Zipf-like over a 128k-token vocabulary).  The
   heads are assigned round-robin to the orders (default ``2,3``); head ``h``
   hashes the n-gram ending at each position with its own multiplicative-XOR
-  hash, modulo its range.  Repeated token patterns give repeated ids, as in a
+  hash (seeded by ``layout_seed``: fixed across id sets), modulo its range.  Repeated token patterns give repeated ids, as in a
   real model.
 
 Ids are generated on the CPU with numpy's PCG64 (same arguments -> same ids on
@@ -136,8 +137,15 @@ def make_ids(
     vocab_size: int,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    layout_seed: int = 0,
 ) -> torch.Tensor:
-    """Global row ids ``[num_tokens, num_heads]`` (int64) of workload ``spec``."""
+    """Global row ids ``[num_tokens, num_heads]`` (int64) of workload ``spec``.
+
+    ``seed`` draws the traffic (which ranks, which token stream); ``layout_seed``
+    fixes what belongs to the table and the model rather than to one step: which
+    rows are hot (the Zipf rank -> row permutation) and the n-gram hash functions.
+    Id sets of different ``seed`` therefore share their hot rows and n-gram
+    hashing, as consecutive decode steps of one model do."""
     parsed = parse_ids_spec(spec)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
@@ -154,7 +162,7 @@ def make_ids(
             n = end - start
             rng = np.random.default_rng([seed, _TAG_ZIPF, h])
             ranks = zipf_ranks(rng, parsed.zipf_a, n, num_tokens)
-            out[:, h] = start + _scatter(ranks, n, np.random.default_rng([seed, _TAG_PERM, h]))
+            out[:, h] = start + _scatter(ranks, n, np.random.default_rng([layout_seed, _TAG_PERM, h]))
     else:
         check_ngram_heads(parsed, num_heads)
         max_order = max(parsed.orders)
@@ -162,7 +170,7 @@ def make_ids(
         # max_order - 1 tokens of context before the first position: every
         # position has a full n-gram of every order.
         tokens = zipf_ranks(stream_rng, NGRAM_TOKEN_ZIPF_A, NGRAM_TOKEN_VOCAB, num_tokens + max_order - 1)
-        out[:] = ngram_ids_from_tokens(tokens, num_heads, vocab_size, parsed.orders, seed)[max_order - 1 :]
+        out[:] = ngram_ids_from_tokens(tokens, num_heads, vocab_size, parsed.orders, layout_seed)[max_order - 1 :]
     return torch.from_numpy(out).to(device)
 
 

@@ -112,6 +112,10 @@ def test_run_smoke_end_to_end(tmp_path):
     assert pinned_steps
     for r in pinned_steps:
         assert r["offload_baseline"] == "device · triton_reference" and r["offload_overhead"] is not None
+    # paths with no resident twin (cpu gather, copy engine, other kernels) fall back to that baseline
+    others = [r for r in steps if r["impl"] != "device" and r not in pinned_steps]
+    assert others and all(r.get("offload_baseline") for r in others)
+    assert all(r["offload_overhead"] is not None for r in others)
     df = results.load(run_dir)
     assert len(df) == len(recs)
     assert (rep_dir / run_dir.name / "index.html").exists()
