@@ -642,47 +642,38 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
     return rec
 
 
-def _apply_stream_priority(backend, priority: int, case, device: torch.device) -> None:
+def _apply_side_stream_setting(backend, name: str, value: int, case, device: torch.device,
+                               what: str, refusal: str = "") -> None:
+    """Check that a side-stream setting (``stream_priority``, ``sm_limit``) can apply —
+    CUDA, prefetch on, a backend with a side stream and that setting — and set it on
+    the backend before its side stream exists.  ``NotImplementedError`` -> skipped."""
     if device.type != "cuda":
-        raise NotImplementedError("stream_priority needs CUDA (functional mode has no streams)")
+        raise NotImplementedError(f"{name}={value} needs CUDA (functional mode has no streams)")
     if not (case.prefetch and getattr(backend, "supports_prefetch", False)):
         raise NotImplementedError(
-            f"stream_priority sets the prefetch side stream's priority; impl={case.impl} "
-            f"prefetch={case.prefetch} launches no side stream"
+            f"{name} {what}; impl={case.impl} prefetch={case.prefetch} launches no side stream"
         )
-    current = getattr(backend, "stream_priority", None)
+    if refusal:
+        raise NotImplementedError(f"{name}={value}: {refusal}")
+    current = getattr(backend, name, None)
     if current is None:
-        raise NotImplementedError(f"{type(backend).__name__} has no stream_priority setting")
-    if current != priority:
+        raise NotImplementedError(f"{type(backend).__name__} has no {name} setting")
+    if current != value:
         if getattr(backend, "prefetch_stream", None) is not None:
             raise ValueError(
-                f"the backend's side stream already exists with priority {current}, "
-                f"the case asks for {priority}"
+                f"the backend's side stream already exists with {name} {current}, "
+                f"the case asks for {value}"
             )
-        backend.stream_priority = priority
+        setattr(backend, name, value)
+
+
+def _apply_stream_priority(backend, priority: int, case, device: torch.device) -> None:
+    _apply_side_stream_setting(backend, "stream_priority", priority, case, device,
+                               "sets the prefetch side stream's priority")
 
 
 def _apply_sm_limit(backend, sm_limit: int, case, device: torch.device) -> None:
-    """Check that ``sm_limit`` can apply (CUDA, prefetch on, a side stream whose SMs
-    can be limited) and set it on the backend before its side stream exists."""
-    if device.type != "cuda":
-        raise NotImplementedError(f"sm_limit={sm_limit} needs CUDA (green contexts; functional mode "
-                                  "has no streams)")
-    if not (case.prefetch and getattr(backend, "supports_prefetch", False)):
-        raise NotImplementedError(
-            f"sm_limit limits the prefetch side stream's SMs; impl={case.impl} "
-            f"prefetch={case.prefetch} launches no side stream"
-        )
-    refusal = getattr(backend, "sm_limit_refusal", "")
-    if refusal:
-        raise NotImplementedError(f"sm_limit={sm_limit}: {refusal}")
-    current = getattr(backend, "sm_limit", None)
-    if current is None:
-        raise NotImplementedError(f"{type(backend).__name__} has no sm_limit setting")
-    if current != sm_limit:
-        if getattr(backend, "prefetch_stream", None) is not None:
-            raise ValueError(
-                f"the backend's side stream already exists with sm_limit {current}, "
-                f"the case asks for {sm_limit}"
-            )
-        backend.sm_limit = sm_limit
+    """``sm_limit``: the side stream on a green context of that many SMs (see backends/green.py)."""
+    _apply_side_stream_setting(backend, "sm_limit", sm_limit, case, device,
+                               "limits the prefetch side stream's SMs",
+                               refusal=getattr(backend, "sm_limit_refusal", ""))
