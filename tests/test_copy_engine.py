@@ -31,7 +31,29 @@ SHARDS = [
     ("etp4_r2", Topology(tp=1, etp=4, dp=4), 2),
     ("etp4_r3", Topology(tp=1, etp=4, dp=4), 3),
 ]
-MECHS = ["cpu_functional", "torch_row_copies", "memcpy_batch", "memcpy_loop", "memcpy_batch_v12"]
+MECHS = ["cpu_functional", "torch_row_copies", "memcpy_batch", "memcpy_loop", "memcpy_batch_v12",
+         "memcpy_batch_raw"]
+
+
+class FakeRawBatch:
+    """The raw ``cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs,
+    stream)``: reads the address arrays from memory as the C function would, copies
+    with memmove, and checks the attributes struct."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def __call__(self, dsts, srcs, sizes, count, attrs, idxs, num_attrs, stream):
+        a = ce.MemcpyAttributes.from_address(attrs)
+        assert (a.srcAccessOrder, a.flags, num_attrs) == (1, 1, 1)
+        assert ctypes.c_size_t.from_address(idxs).value == 0
+        d = (ctypes.c_int64 * count).from_address(dsts)
+        s = (ctypes.c_int64 * count).from_address(srcs)
+        n = (ctypes.c_int64 * count).from_address(sizes)
+        for i in range(count):
+            ctypes.memmove(d[i], s[i], n[i])
+        self.calls.append(count)
+        return 0
 
 
 class FakeRuntime(types.SimpleNamespace):
@@ -78,7 +100,10 @@ class FakeRuntime(types.SimpleNamespace):
 def build(mech: str, dtype: str, topo: Topology = Topology(), rank: int = 0, monkeypatch=None, **kw):
     forced = {"memcpy_batch_v12": "memcpy_batch"}.get(mech, mech)
     rt = None
-    if forced.startswith("memcpy"):
+    if forced == "memcpy_batch_raw":
+        rt = FakeRawBatch()
+        monkeypatch.setattr(ce, "load_raw_batch", lambda: (rt, ""))
+    elif forced.startswith("memcpy"):
         rt = FakeRuntime(version=12080 if mech.endswith("v12") else 13000)
         monkeypatch.setattr(ce, "load_runtime", lambda: rt)
     b = PinnedCopyEngineEmbedding(VOCAB, DIM, dtype=dtype, num_heads=HEADS, max_tokens=24, padding_size=64,
@@ -114,7 +139,9 @@ def test_local_lookup_matches_reference(mech, dtype, shard, monkeypatch):
     owned = int(((ids >= s.vocab_start) & (ids < s.vocab_end)).sum())
     assert b.last_copies == owned  # one copy per owned id, none for the others
     assert owned > 0 and (owned < ids.numel() or topo.etp == 1)
-    if rt is not None:  # the copies really went through the bindings
+    if isinstance(rt, FakeRawBatch):  # the copies really went through the raw call
+        assert sum(rt.calls) == owned
+    elif rt is not None:  # the copies really went through the bindings
         assert sum(rt.batch_calls) + rt.loop_calls == owned
     assert b.host_thread_s >= before
 
@@ -220,6 +247,22 @@ def test_mechanism_choice(monkeypatch):
     monkeypatch.setattr(ce, "load_runtime", lambda: FakeRuntime(13000, batch=False))
     with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync"):
         PinnedCopyEngineEmbedding(VOCAB, 8, device="cpu", copy_mechanism="memcpy_batch")
+
+
+def test_raw_batch_is_chosen_first_and_splits_large_batches(monkeypatch):
+    assert ce.candidate_mechanisms(FakeRuntime(13000), "")[0][:2] == ["memcpy_batch_raw", "memcpy_batch"]
+    lst, notes = ce.candidate_mechanisms(None, "no libcudart loaded in this process")
+    assert lst == ["torch_row_copies"] and "memcpy_batch_raw: no libcudart" in notes[0]
+    monkeypatch.setattr(ce, "BATCH_CHUNK", 7)
+    b, raw = build("memcpy_batch_raw", "fp8", monkeypatch=monkeypatch)
+    full = random_table(VOCAB, DIM, b.storage_dtype, seed=4)
+    b.load_full_table(full)
+    ids = make_ids(10, 0, VOCAB, seed=8)
+    assert_bytes_equal(b.lookup(ids), masked_lookup(full, ids, 0, VOCAB).reshape(10, -1))
+    assert raw.calls == [7, 7, 6]  # 20 copies in chunks of 7
+    monkeypatch.setattr(ce, "load_raw_batch", lambda: (None, "no libcudart loaded in this process"))
+    with pytest.raises(RuntimeError, match="memcpy_batch_raw"):
+        PinnedCopyEngineEmbedding(VOCAB, 8, device="cpu", copy_mechanism="memcpy_batch_raw")
 
 
 def test_copy_addresses():

@@ -315,7 +315,15 @@ def test_hot_cache_rejects_bad_size():
 
 
 def test_cpu_gather_prefetch_then_finalize_and_threads(monkeypatch):
-    monkeypatch.setattr("ple_bench.backends.extra_paths.PARALLEL_GATHER_MIN_BYTES", 0)
+    seen = []
+    original = torch.index_select
+
+    def spy(*args, **kwargs):  # the thread count torch uses for each gather
+        seen.append(torch.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "index_select", spy)
+    main_threads = torch.get_num_threads()
     b = PinnedCPUGatherEmbedding(VOCAB, 32, dtype="fp8", num_heads=2, max_tokens=30, device="cpu",
                                  gather_threads=4)
     full = random_table(VOCAB, 32, b.storage_dtype, seed=21)
@@ -333,7 +341,18 @@ def test_cpu_gather_prefetch_then_finalize_and_threads(monkeypatch):
     assert torch.equal(int_view(got), reference(full, first[:7], 0, VOCAB).reshape(7, 2 * 32))
     with pytest.raises(ValueError):
         b.start_prefetch(make_ids(31, 0, VOCAB, seed=3))
+    got = b.lookup(second)  # on this thread: gather_threads too, then this thread's count again
+    assert torch.equal(int_view(got), reference(full, second, 0, VOCAB).reshape(30, 2 * 32))
+    assert seen and set(seen) == {4}, seen  # one level of parallelism: 4 threads, every gather
+    assert torch.get_num_threads() == main_threads
     b.close()
+
+
+def test_cpu_gather_default_threads_and_bad_value():
+    b = PinnedCPUGatherEmbedding(VOCAB, 8, dtype="fp32", max_tokens=4, device="cpu")
+    assert b.gather_threads == max(1, min(16, torch.get_num_threads()))
+    with pytest.raises(ValueError, match="gather_threads"):
+        PinnedCPUGatherEmbedding(VOCAB, 8, dtype="fp32", max_tokens=4, device="cpu", gather_threads=-1)
 
 
 def test_cpu_gather_surfaces_worker_errors():

@@ -12,7 +12,12 @@ Call sequence of one decode step::
 or, synchronously, ``rows = backend.lookup(ids, dp_token_counts)``.
 
 ``ids`` is ``[tokens, heads]`` int64 of *global* row ids (each head's ids already
-offset into its own range).  ``dp_token_counts`` is the token count of every DP
+offset into its own range), on the GPU (produced by an earlier kernel) or in
+(pinned) host memory (known to the host when the step starts, as a server's
+scheduler knows them).  A path that reads ids on the host
+(:attr:`PLEEmbedding.reads_ids_on_host`) copies device ids to the host itself
+(a blocking device->host copy); every other path copies host ids to the device
+as part of its own work (on the side stream when prefetching).  ``dp_token_counts`` is the token count of every DP
 rank (a list of DP ints); it is needed only when ETP spans DP (``ETP / TP > 1``),
 and stands in for vLLM's forward context.
 """
@@ -72,6 +77,12 @@ class PLEEmbedding(ABC):
     name: ClassVar[str] = "abstract"
     supports_prefetch: ClassVar[bool] = False
     default_kernel: ClassVar[str] = "torch_masked"
+    #: the path's calls occupy or block the calling host thread for their work (a host
+    #: gather, issuing row copies, joining a host thread): the engine times them as
+    #: synchronized calls on the host clock, never behind a launch-hiding spin
+    blocks_host: ClassVar[bool] = False
+    #: the path reads the ids on the host (host gather, copy addresses); others read them on the device
+    reads_ids_on_host: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -246,15 +257,22 @@ class PLEEmbedding(ABC):
         """``out`` checked against ``[n, heads, dim]`` of the storage dtype, or a new one."""
         shape = (ids.shape[0], self.num_heads, self.embedding_dim)
         if out is None:
-            return torch.empty(shape, dtype=self.storage_dtype, device=ids.device)
+            return torch.empty(shape, dtype=self.storage_dtype, device=self.device)
         if tuple(out.shape) != shape or out.dtype != self.storage_dtype:
             raise ValueError(f"lookup output must be {shape} of {self.storage_dtype}")
         return out
 
+    def device_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` on this backend's device: host ids are copied on the current
+        stream (asynchronously from pinned memory), device ids are returned as they are."""
+        if ids.device == self.device:
+            return ids
+        return ids.to(self.device, non_blocking=ids.is_pinned())
+
     def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows this rank owns for ``ids`` ([n, heads] -> [n, heads, dim]); zeros elsewhere."""
         out = self._lookup_output(ids, out)
-        flat = ids.reshape(-1)
+        flat = self.device_ids(ids).reshape(-1)
         if flat.dtype != torch.int64:
             flat = flat.long()
         with annotate("lookup", color="green"):
@@ -284,6 +302,8 @@ class PLEEmbedding(ABC):
         self._check_ids(ids)
         local = ids.shape[0]
         slot = self._slot(local, dp_token_counts)
+        if self.topology.replicas > 1:
+            ids = self.device_ids(ids)  # the DP gather (NCCL) needs device tensors
         rows = self._local_lookup(self._gather_ids(ids, slot))
         rows = self._select(self._reduce(rows), slot, local)
         return rows.reshape(local, self.num_heads * self.embedding_dim)

@@ -10,6 +10,11 @@ output's stream, before the copies.
 
 How the copies are issued (``copy_mechanism`` says which one a backend uses):
 
+* ``memcpy_batch_raw``: all copies in one ``cudaMemcpyBatchAsync`` call of the
+  CUDA runtime this process has loaded (torch's ``libcudart``, CUDA >= 13: the
+  eight-argument form), called through ctypes with the address arrays as int64
+  tensors built by tensor arithmetic -- no per-row Python, a few nanoseconds of
+  host time per row;
 * ``memcpy_batch``: all copies in one ``cudaMemcpyBatchAsync`` call (CUDA >= 12.8,
   through the CUDA Python bindings ``cuda.bindings.runtime``, package
   ``cuda-bindings``), source accessed in stream order, with the "prefer overlap
@@ -30,37 +35,99 @@ that list which is available *and* copies two probe rows correctly wins
 also be forced (``copy_mechanism="memcpy_loop"``, or ``extra.copy_mechanism``
 in a suite).
 
-The ids must be on the host to build the addresses.  ``start_prefetch``
-copies them device->host on the side stream, records an event and hands the
-rest to a worker thread, so neither the caller nor the main stream waits; the
-worker waits for the event, builds the address list and issues the memset and
-the copies on the side stream.  ``finalize`` joins the worker, then (as
-``pinned_uva``) the main stream waits for the side stream.  The worker's CPU
-time is counted in ``host_thread_s``.  The synchronous ``lookup`` copies the
-ids to the host with a blocking sync and issues the copies on the current
-stream.  Host work cannot be captured in a CUDA graph: eager only.  No SM runs
-the lookup, so ``sm_limit`` (a green-context side stream) is refused.
+The ids must be on the host to build the addresses: host ids are used as
+they are, device ids are copied to the host first; the prefetch runs on the
+host thread of :class:`~.host_prefetch.HostPathEmbedding` (see there for what
+each waits for).  Issuing the copies is the host work counted in
+``host_thread_s``.  Host work cannot be captured in a CUDA graph: eager (or
+eager breaks) only.  No SM runs the lookup, so ``sm_limit`` (a green-context
+side stream) is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from ..annotate import annotate
 from .formats import int_view
-from .pinned import PinnedUVAEmbedding
+from .host_prefetch import HostPathEmbedding
 from .registry import register_backend
 
-MECHANISMS = ("memcpy_batch", "memcpy_loop", "torch_row_copies", "cpu_functional")
+MECHANISMS = ("memcpy_batch_raw", "memcpy_batch", "memcpy_loop", "torch_row_copies", "cpu_functional")
 # cudaMemcpyBatchAsync appeared in CUDA 12.8 (runtime and driver both).
 BATCH_MIN_VERSION = 12080
 # Copies per cudaMemcpyBatchAsync call (larger batches are split).
 BATCH_CHUNK = 1 << 16
+
+
+# ------------------------------------------------------- raw runtime call
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class MemcpyAttributes(ctypes.Structure):
+    """``struct cudaMemcpyAttributes`` (CUDA >= 12.8)."""
+
+    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _MemLocation),
+                ("dstLocHint", _MemLocation), ("flags", ctypes.c_uint)]
+
+
+#: cudaMemcpySrcAccessOrderStream and cudaMemcpyFlagPreferOverlapWithCompute
+SRC_ACCESS_ORDER_STREAM = 1
+FLAG_PREFER_OVERLAP = 1
+RAW_MIN_VERSION = 13000
+
+
+def _loaded_libcudart() -> str | None:
+    """Path of the libcudart this process has loaded (torch's), None when none is."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                if "libcudart.so" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return None
+
+
+def load_raw_batch() -> tuple[Any | None, str]:
+    """``(fn, note)``: ctypes ``cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs,
+    attrsIdxs, numAttrs, stream)`` of the loaded libcudart when it is CUDA >= 13
+    (whose batch call has these eight arguments), else ``(None, why)``."""
+    path = _loaded_libcudart()
+    if path is None:
+        return None, "no libcudart loaded in this process"
+    try:
+        lib = ctypes.CDLL(path)
+        version = ctypes.c_int(0)
+        lib.cudaRuntimeGetVersion(ctypes.byref(version))
+        fn = lib.cudaMemcpyBatchAsync
+    except (OSError, AttributeError) as exc:
+        return None, f"{path}: {exc}"
+    if version.value < RAW_MIN_VERSION:
+        return None, f"{path} is CUDA {version.value}; the raw batch call needs >= {RAW_MIN_VERSION}"
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn, ""
+
+
+def memcpy_batch_raw(fn: Any, dsts: torch.Tensor, srcs: torch.Tensor, sizes: torch.Tensor,
+                     stream_handle: int, attrs: MemcpyAttributes) -> None:
+    """One raw batch call per :data:`BATCH_CHUNK` copies; ``dsts``/``srcs``/``sizes``
+    are contiguous CPU int64 tensors of addresses and byte counts."""
+    idx = ctypes.c_size_t(0)
+    for i in range(0, dsts.numel(), BATCH_CHUNK):
+        n = min(BATCH_CHUNK, dsts.numel() - i)
+        err = fn(dsts.data_ptr() + 8 * i, srcs.data_ptr() + 8 * i, sizes.data_ptr() + 8 * i, n,
+                 ctypes.addressof(attrs), ctypes.addressof(idx), 1, stream_handle)
+        if err != 0:
+            raise RuntimeError(f"cudaMemcpyBatchAsync (raw) failed: cudaError {err}")
 
 
 # ----------------------------------------------------------------- bindings
@@ -117,9 +184,15 @@ def bindings_info(rt: Any | None = None) -> dict[str, Any]:
     }
 
 
-def candidate_mechanisms(rt: Any | None) -> tuple[list[str], list[str]]:
-    """The mechanisms worth trying on a GPU, best first, and why the others are not."""
+def candidate_mechanisms(rt: Any | None, raw_note: str | None = None) -> tuple[list[str], list[str]]:
+    """The mechanisms worth trying on a GPU, best first, and why the others are not.
+    ``raw_note``: "" when the raw batch call is available, else why not (None: not asked)."""
     notes: list[str] = []
+    if raw_note == "":
+        head, tail = candidate_mechanisms(rt, None)
+        return ["memcpy_batch_raw"] + head, tail
+    if raw_note is not None:
+        notes.append(f"memcpy_batch_raw: {raw_note}")
     if rt is None:
         notes.append("cuda.bindings not installed (pip install cuda-bindings): no memcpy_batch / memcpy_loop")
         return ["torch_row_copies"], notes
@@ -188,13 +261,12 @@ def copy_addresses(positions: torch.Tensor, local_rows: torch.Tensor, row_bytes:
 
 # ----------------------------------------------------------------- backend
 @register_backend("pinned_copy_engine")
-class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
+class PinnedCopyEngineEmbedding(HostPathEmbedding):
     """Pinned table; one asynchronous host->device memcpy per owned row
     (see the module docstring).  ``copy_mechanism``: ``"auto"`` (default) or one
     of :data:`MECHANISMS`; ``prefer_overlap``: the batch call's overlap hint."""
 
-    supports_prefetch = True
-    default_kernel = "torch_masked"  # not used by this path's lookups
+    thread_name = "ple_copy_engine"
     sm_limit_refusal = ("pinned_copy_engine moves rows with the copy engines (one memcpy per row); "
                         "no SMs run its lookup, so an SM limit does not apply")
 
@@ -207,10 +279,9 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
         self.mechanism_notes: list[str] = []
         self._rt = load_runtime()
         self._attrs = None
-        self._prefetch_pool: ThreadPoolExecutor | None = None
-        self._future: Future | None = None
-        self._host_ids: torch.Tensor | None = None  # pinned int64
-        self._inflight_ref: torch.Tensor | None = None
+        self._raw_fn = None
+        self._raw_attrs: MemcpyAttributes | None = None
+        self._sizes: torch.Tensor | None = None  # row_bytes per copy (int64), for the raw batch
         self._issue_lock = threading.Lock()
         self._detour: torch.cuda.Stream | None = None  # for batches asked on the legacy default stream
         self.last_copies = 0  # row copies issued by the last lookup (owned ids)
@@ -225,10 +296,15 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
                 raise RuntimeError(f"copy_mechanism={requested!r} needs cuda.bindings (pip install cuda-bindings)")
             if requested == "memcpy_batch" and not hasattr(self._rt, "cudaMemcpyBatchAsync"):
                 raise RuntimeError("copy_mechanism='memcpy_batch': these cuda.bindings lack cudaMemcpyBatchAsync")
+            if requested == "memcpy_batch_raw":
+                self._raw_fn, why = load_raw_batch()
+                if self._raw_fn is None:
+                    raise RuntimeError(f"copy_mechanism='memcpy_batch_raw': {why}")
             return requested
         if self.functional:
             return "cpu_functional"
-        candidates, self.mechanism_notes = candidate_mechanisms(self._rt)
+        self._raw_fn, raw_note = load_raw_batch()
+        candidates, self.mechanism_notes = candidate_mechanisms(self._rt, raw_note)
         for name in candidates:
             ok, why = self._probe(name)
             if ok:
@@ -263,7 +339,7 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
         mechanism = mechanism or self.copy_mechanism
         if not dest.is_contiguous():
             raise ValueError("pinned_copy_engine writes into a contiguous output")
-        if mechanism == "memcpy_batch" and stream is not None and stream.cuda_stream == 0:
+        if mechanism in ("memcpy_batch", "memcpy_batch_raw") and stream is not None and stream.cuda_stream == 0:
             # cudaMemcpyBatchAsync refuses the legacy default stream: detour through our own
             detour = self._detour_stream()
             detour.wait_stream(stream)
@@ -282,6 +358,8 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
                 return
             if mechanism == "cpu_functional":
                 dest.index_copy_(0, positions, table.index_select(0, local))
+            elif mechanism == "memcpy_batch_raw":
+                self._issue_raw(positions, local, table, dest, stream)
             elif mechanism == "torch_row_copies":
                 for p, r in zip(positions.tolist(), local.tolist()):
                     dest[p].copy_(table[r], non_blocking=True)
@@ -299,6 +377,23 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
                 else:
                     raise ValueError(f"unknown copy mechanism {mechanism!r}")
 
+    def _issue_raw(self, positions: torch.Tensor, local: torch.Tensor, table: torch.Tensor,
+                   dest: torch.Tensor, stream) -> None:
+        """The raw batch call: address arrays by tensor arithmetic (no per-row Python)."""
+        row = self.row_bytes
+        dsts = positions.mul(row).add_(dest.data_ptr())
+        srcs = local.mul(row).add_(table.data_ptr())
+        n = dsts.numel()
+        if self._sizes is None or self._sizes.numel() < n:
+            self._sizes = torch.full((max(n, 1024),), row, dtype=torch.int64)
+        if self._raw_attrs is None:
+            attrs = MemcpyAttributes()
+            attrs.srcAccessOrder = SRC_ACCESS_ORDER_STREAM
+            attrs.flags = FLAG_PREFER_OVERLAP if self.prefer_overlap else 0
+            self._raw_attrs = attrs
+        handle = stream.cuda_stream if stream is not None else 0
+        memcpy_batch_raw(self._raw_fn, dsts, srcs, self._sizes, handle, self._raw_attrs)
+
     def _detour_stream(self) -> torch.cuda.Stream:
         if self._detour is None:
             self._detour = torch.cuda.Stream(device=self.device)
@@ -312,90 +407,13 @@ class PinnedCopyEngineEmbedding(PinnedUVAEmbedding):
         with self._issue_lock, self.host_thread_time():
             self._issue(host_ids.reshape(-1).to(torch.int64), dest, stream)
 
-    # ----------------------------------------------------------- lookup
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        out = self._lookup_output(ids, out)
-        flat = ids.reshape(-1).to(torch.int64)
-        dest = int_view(out).view(-1, self.embedding_dim)
-        with annotate("lookup", color="green"):
-            host_ids = flat.cpu()  # blocking device->host copy when the ids are on the GPU
-            stream = torch.cuda.current_stream(self.device) if dest.device.type == "cuda" else None
-            with self._issue_lock, self.host_thread_time():
-                self._issue(host_ids, dest, stream)
-        return out
-
-    # ----------------------------------------------------------- prefetch
-    def _pinned_ids(self, n: int) -> torch.Tensor:
-        buf = self._host_ids
-        if buf is None or buf.shape[0] < n:
-            buf = torch.empty(n, dtype=torch.int64, pin_memory=not self.functional)
-            self._host_ids = buf
-        return buf[:n]
-
-    def start_prefetch(
-        self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
-    ) -> None:
-        self._check_ids(ids)
-        with annotate("prefetch_start", color="yellow"):
-            self._join()  # a prefetch never finalized: finish it, drop its result
-            buffer, gathered, slot, local = self._prefetch_target(ids, dp_token_counts)
-            flat = gathered.reshape(-1).to(torch.int64)
-            n = flat.numel()
-            dest = int_view(buffer).view(-1, self.embedding_dim)[:n]
-            ids_ready = None
-            if flat.device.type == "cpu":
-                host_ids = flat
-            else:
-                stream = self._stream
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                host_ids = self._pinned_ids(n)
-                with torch.cuda.stream(stream):
-                    host_ids.copy_(flat, non_blocking=True)
-                    ids_ready = torch.cuda.Event()
-                    ids_ready.record(stream)
-                flat.record_stream(stream)
-                self._inflight_ref = flat
-            if self._prefetch_pool is None:
-                self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="ple_copy_engine")
-            self._future = self._prefetch_pool.submit(self._prefetch_work, host_ids, ids_ready, dest)
-            self._pending = (gathered.shape[0], slot, local)
-
-    def _prefetch_work(self, host_ids: torch.Tensor, ids_ready, dest: torch.Tensor) -> None:
-        with self.host_thread_time():  # the worker's wait, address list and issue
-            if dest.device.type == "cpu":
-                with self._issue_lock:
-                    self._issue(host_ids, dest, None)
-                return
-            with torch.cuda.device(self.device):
-                if ids_ready is not None:
-                    ids_ready.synchronize()
-                with self._issue_lock:
-                    self._issue(host_ids, dest, self._stream)
-
-    def _join(self) -> None:
-        future, self._future = self._future, None
-        if future is not None:
-            try:
-                future.result()
-            finally:
-                self._inflight_ref = None
-
-    def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Wait for the worker to have issued the copies, then as ``pinned_uva``:
-        join the side stream, reduce over ETP, select this DP rank's rows."""
-        if self._future is None:
-            raise RuntimeError("pinned PLE finalize requires a prior start_prefetch")
-        self._join()
-        return super().finalize(out)
+    # ----------------------------------------------------------- host path
+    def host_rows(self, host_ids: torch.Tensor, dest: torch.Tensor, stream) -> None:
+        with self._issue_lock, self.host_thread_time():
+            self._issue(host_ids, dest, stream)
 
     def close(self) -> None:
-        try:
-            self._join()
-        except Exception:  # noqa: BLE001 - closing: the error was the caller's to see
-            pass
-        if self._prefetch_pool is not None:
-            self._prefetch_pool.shutdown(wait=True)
-        self._prefetch_pool = None
-        self._host_ids = None
-        self._attrs = None
         super().close()
+        self._attrs = None
+        self._raw_attrs = None
+        self._sizes = None

@@ -1,9 +1,9 @@
 """Alternative lookup paths over a pinned host table, as backends.
 
 * ``pinned_cpu_gather`` (:class:`PinnedCPUGatherEmbedding`): the host's cores
-  gather the rows (``index_select`` on the host table, split over a thread pool)
-  into a pinned staging buffer, then one asynchronous host->device copy on the
-  side stream.  No GPU thread touches host memory row by row.
+  gather the rows (one ``index_select`` on the host table with torch's intra-op
+  threads) into a pinned staging buffer, then one asynchronous host->device
+  copy on the side stream.  No GPU thread touches host memory row by row.
 * ``pinned_hot_cache`` (:class:`PinnedHotCacheEmbedding`): a cache of hot rows
   in GPU memory in front of the pinned table; hits are read from device memory,
   misses through the UVA view, in one kernel (``triton_tuned`` with a cache).
@@ -16,51 +16,60 @@ hot cache's kernel; the CPU gather, which runs no kernel, refuses it.
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Sequence
+import contextlib
 
 import torch
 
 from ..annotate import annotate
 from .formats import int_view
+from .host_prefetch import HostPathEmbedding, StagingBuffer
 from .pinned import PinnedUVAEmbedding
 from .registry import register_backend
 
-# Below this many bytes a gather runs in one call (thread hand-off costs more).
-PARALLEL_GATHER_MIN_BYTES = 1 << 20
+#: most host threads a gather uses by default (beyond this a decode-size gather gains nothing)
+MAX_DEFAULT_GATHER_THREADS = 16
 
 
-def _default_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+def default_gather_threads() -> int:
+    """The cores torch sees (its intra-op thread count), at most 16."""
+    return max(1, min(MAX_DEFAULT_GATHER_THREADS, torch.get_num_threads()))
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the block with torch's intra-op thread count of this thread at ``n``."""
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def byte_rows(t: torch.Tensor) -> torch.Tensor:
+    """``[rows, row_bytes]`` uint8 view of a 2-D tensor: torch's index_select then
+    copies whole rows and splits ``rows`` into tasks of ``32 KiB / row_bytes``."""
+    return t.view(torch.uint8).view(t.shape[0], -1)
 
 
 @register_backend("pinned_cpu_gather")
-class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
+class PinnedCPUGatherEmbedding(HostPathEmbedding):
     """Host gather + one H2D copy.
 
-    Prefetch: ``start_prefetch`` enqueues, on the side stream, a copy of the
-    (gathered) ids into a pinned host buffer and an event, then hands the rest
-    to a background thread and returns at once -- neither the host nor the main
-    stream waits.  The thread waits for the ids (the one device->host sync of
-    this path: the GPU must have produced the ids, so the gather cannot start
-    before the ids' producer has run), gathers on the host, and enqueues the
-    host->device copy on the side stream.  ``finalize`` joins the thread, then
-    the main stream waits for the side stream.  Ids already on the host skip the
-    device->host copy.
-
-    The synchronous ``lookup`` copies the ids to the host (a blocking sync),
-    gathers, and copies the rows back on the current stream.
-
-    Host work cannot be captured in a CUDA graph: this path runs eagerly only
-    (its ``start_prefetch`` / ``finalize`` can be eager breaks of a graph).
-    ``gather_threads`` (default ``min(8, cores)``) splits gathers of 1 MiB and
-    more over a thread pool (``index_select`` releases the GIL).
+    The gather is one ``torch.index_select`` of the rows into a pinned staging
+    buffer (reused: a new gather waits only for the last copy out of it), with
+    torch's own intra-op threads -- ``gather_threads`` of them (default: the
+    cores torch sees, at most 16) -- and nothing around it: one level of
+    parallelism.  Then one asynchronous host->device copy of the staging buffer
+    into the output, on the side stream when prefetching.  Ids this rank does
+    not own (ETP > 1) get zero rows.  See :mod:`.host_prefetch` for where the
+    ids come from and what the prefetch waits for.
     """
 
-    supports_prefetch = True
-    default_kernel = "torch_masked"  # not used by this path's lookups
+    thread_name = "ple_cpu_gather"
     sm_limit_refusal = ("pinned_cpu_gather gathers on the host's cores and copies with the copy "
                         "engines; no SMs run its lookup, so an SM limit does not apply")
 
@@ -69,158 +78,43 @@ class PinnedCPUGatherEmbedding(PinnedUVAEmbedding):
         super().__init__(num_embeddings, embedding_dim, **kwargs)
         if isinstance(gather_threads, bool) or not isinstance(gather_threads, int) or gather_threads < 0:
             raise ValueError(f"gather_threads must be a non-negative integer, got {gather_threads!r}")
-        self.gather_threads = gather_threads or _default_threads()
-        self._gather_pool: ThreadPoolExecutor | None = None
-        self._prefetch_pool: ThreadPoolExecutor | None = None
-        self._future: Future | None = None
-        self._staging: torch.Tensor | None = None  # pinned [rows, dim] int view
-        self._host_ids: torch.Tensor | None = None  # pinned int64
-        self._copy_done: torch.cuda.Event | None = None  # last H2D copy out of the staging buffer
-        self._staging_lock = threading.Lock()
-        self._inflight_ref: torch.Tensor | None = None
+        self.gather_threads = gather_threads or default_gather_threads()
+        self._staging = StagingBuffer(pinned=not self.functional)
+
+    def host_thread_initializer(self):
+        n = self.gather_threads
+        return lambda: torch.set_num_threads(n)
 
     # ----------------------------------------------------------- host side
-    def _host_buffer(self, name: str, rows: int, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
-        buf = getattr(self, name)
-        shape = (rows,) if cols is None else (rows, cols)
-        if buf is None or buf.shape[0] < rows:
-            buf = torch.empty(shape, dtype=dtype, pin_memory=not self.functional)
-            setattr(self, name, buf)
-        return buf[:rows]
-
-    def _gather_chunk(self, ids: torch.Tensor, dest: torch.Tensor) -> None:
-        with self.host_thread_time():
-            self._gather_rows(ids, dest)
-
-    def _gather_rows(self, ids: torch.Tensor, dest: torch.Tensor) -> None:
-        table = int_view(self.weight)
-        start, end = self.shard.vocab_start, self.shard.vocab_end
-        owned = (ids >= start) & (ids < end)
-        local = torch.where(owned, ids - start, torch.zeros_like(ids))
-        torch.index_select(table, 0, local, out=dest)
-        dest.masked_fill_(~owned.unsqueeze(1), 0)
-
     def host_gather(self, host_ids: torch.Tensor, dest: torch.Tensor) -> None:
-        """Rows of ``host_ids`` (CPU int64, flat) into ``dest`` (CPU ``[n, dim]``
-        integer view), zero rows for ids outside the shard; split over
-        ``gather_threads`` threads when large."""
-        n = host_ids.numel()
-        threads = self.gather_threads
-        if threads <= 1 or n * self.row_bytes < PARALLEL_GATHER_MIN_BYTES or n < 2 * threads:
-            self._gather_chunk(host_ids, dest)
-            return
-        if self._gather_pool is None:
-            self._gather_pool = ThreadPoolExecutor(threads, thread_name_prefix="ple_gather")
-        step = -(-n // threads)
-        futures = [
-            self._gather_pool.submit(self._gather_chunk, host_ids[i : i + step], dest[i : i + step])
-            for i in range(0, n, step)
-        ]
-        for f in futures:
-            f.result()
+        """Rows of ``host_ids`` (CPU int64, flat, global) into ``dest`` (CPU
+        ``[n, dim]``), zero rows for ids outside the shard; counted as host work."""
+        with self.host_thread_time(), torch_threads(self.gather_threads):
+            table = byte_rows(self.weight)
+            out = byte_rows(dest)
+            start, end = self.shard.vocab_start, self.shard.vocab_end
+            if start == 0 and end == self.num_embeddings:  # the whole table: every id is this rank's
+                torch.index_select(table, 0, host_ids, out=out)
+                return
+            owned = (host_ids >= start) & (host_ids < end)
+            local = torch.where(owned, host_ids - start, torch.zeros_like(host_ids))
+            torch.index_select(table, 0, local, out=out)
+            out.masked_fill_(~owned.unsqueeze(1), 0)
 
-    def _wait_staging_free(self) -> None:
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-            self._copy_done = None
-
-    # ----------------------------------------------------------- lookup
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        out = self._lookup_output(ids, out)
-        flat = ids.reshape(-1).to(torch.int64)
-        dest = int_view(out).view(-1, self.embedding_dim)
-        with annotate("lookup", color="green"):
-            host_ids = flat.cpu()  # blocking device->host copy when the ids are on the GPU
-            if dest.device.type == "cpu":
-                self.host_gather(host_ids, dest)
-                return out
-            with self._staging_lock:
-                self._wait_staging_free()
-                staging = self._host_buffer("_staging", flat.numel(), self.embedding_dim, dest.dtype)
-                self.host_gather(host_ids, staging)
-                dest.copy_(staging, non_blocking=True)
-                self._copy_done = torch.cuda.Event()
-                self._copy_done.record(torch.cuda.current_stream(self.device))
-        return out
-
-    # ----------------------------------------------------------- prefetch
-    def start_prefetch(
-        self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
-    ) -> None:
-        self._check_ids(ids)
-        with annotate("prefetch_start", color="yellow"):
-            self._join()  # a prefetch never finalized: finish it, drop its result
-            buffer, gathered, slot, local = self._prefetch_target(ids, dp_token_counts)
-            flat = gathered.reshape(-1).to(torch.int64)
-            n = flat.numel()
-            dest = int_view(buffer).view(-1, self.embedding_dim)[:n]
-            ids_ready = None
-            if flat.device.type == "cpu":
-                host_ids = flat
-            else:
-                stream = self._stream
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                host_ids = self._host_buffer("_host_ids", n, None, torch.int64)
-                with torch.cuda.stream(stream):
-                    host_ids.copy_(flat, non_blocking=True)
-                    ids_ready = torch.cuda.Event()
-                    ids_ready.record(stream)
-                flat.record_stream(stream)
-                self._inflight_ref = flat
-            if self._prefetch_pool is None:
-                self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="ple_prefetch")
-            self._future = self._prefetch_pool.submit(self._prefetch_work, host_ids, ids_ready, dest)
-            self._pending = (gathered.shape[0], slot, local)
-
-    def _prefetch_work(self, host_ids: torch.Tensor, ids_ready, dest: torch.Tensor) -> None:
-        with self.host_thread_time():  # the worker's waits and copies count too
-            self._prefetch_rows(host_ids, ids_ready, dest)
-
-    def _prefetch_rows(self, host_ids: torch.Tensor, ids_ready, dest: torch.Tensor) -> None:
+    def host_rows(self, host_ids: torch.Tensor, dest: torch.Tensor, stream) -> None:
         if dest.device.type == "cpu":
             self.host_gather(host_ids, dest)
             return
-        with torch.cuda.device(self.device):
-            if ids_ready is not None:
-                ids_ready.synchronize()
-            with self._staging_lock:
-                self._wait_staging_free()
-                staging = self._host_buffer("_staging", host_ids.numel(), self.embedding_dim, dest.dtype)
-                self.host_gather(host_ids, staging)
-                with torch.cuda.stream(self._stream):
-                    dest.copy_(staging, non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record(self._stream)
-                self._copy_done = done
-
-    def _join(self) -> None:
-        future, self._future = self._future, None
-        if future is not None:
-            try:
-                future.result()
-            finally:
-                self._inflight_ref = None
-
-    def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Wait for the host gather, then as ``pinned_uva``: join the side
-        stream, reduce over ETP, select this DP rank's rows."""
-        if self._future is None:
-            raise RuntimeError("pinned PLE finalize requires a prior start_prefetch")
-        self._join()
-        return super().finalize(out)
+        with self._staging.lock:
+            staging = self._staging.take(host_ids.numel(), dest.shape[1], dest.dtype)
+            self.host_gather(host_ids, staging)
+            with torch.cuda.stream(stream):
+                dest.copy_(staging, non_blocking=True)
+            self._staging.copied_on(stream)
 
     def close(self) -> None:
-        try:
-            self._join()
-        except Exception:
-            pass
-        for pool in (self._gather_pool, self._prefetch_pool):
-            if pool is not None:
-                pool.shutdown(wait=True)
-        self._gather_pool = self._prefetch_pool = None
-        self._staging = self._host_ids = None
-        self._copy_done = None
         super().close()
+        self._staging.release()
 
 
 @register_backend("pinned_hot_cache")
@@ -323,7 +217,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
         from .fast_kernels import triton_tuned_lookup, tuned_lookup
 
         out = self._lookup_output(ids, out)
-        flat = ids.reshape(-1).to(torch.int64)
+        flat = self.device_ids(ids).reshape(-1).to(torch.int64)
         dest = int_view(out).view(-1, self.embedding_dim)
         table = int_view(self.table_for_kernel())
         start, end = self.shard.vocab_start, self.shard.vocab_end

@@ -51,6 +51,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self._buffer: torch.Tensor | None = None
         self._alloc_lock = threading.Lock()
         self._inflight_ids: torch.Tensor | None = None
+        self._buffer_free: torch.cuda.Event | None = None  # main stream done reading the buffer
         self.prefetch_rows = self.max_tokens * self.topology.replicas
         # priority of the side stream (lower = higher priority); read when it is created
         self.stream_priority = int(stream_priority)
@@ -96,6 +97,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self._uva = None  # type: ignore[assignment]
         self._buffer = None
         self._inflight_ids = None
+        self._buffer_free = None
         super().close()
 
     # ----------------------------------------------------------- prefetch
@@ -129,10 +131,13 @@ class PinnedUVAEmbedding(PLEEmbedding):
 
     def _prefetch_target(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None):
         """The prefetch buffer, the DP-gathered ids, the slot size and the local
-        token count; refuses a batch larger than the buffer."""
+        token count; refuses a batch larger than the buffer.  Host ids stay on the
+        host here when no DP gather is needed (the caller decides where they go)."""
         buffer = self.prepare_prefetch()
         local = ids.shape[0]
         slot = self._slot(local, dp_token_counts)
+        if self.topology.replicas > 1:
+            ids = self.device_ids(ids)  # the DP gather (NCCL) needs device tensors
         gathered = self._gather_ids(ids, slot)
         if gathered.shape[0] > buffer.shape[0]:
             raise ValueError(
@@ -141,20 +146,34 @@ class PinnedUVAEmbedding(PLEEmbedding):
             )
         return buffer, gathered, slot, local
 
+    def _side_stream_start(self, ids_from_host: bool) -> None:
+        """Order the side stream before a prefetch: after the main stream when the
+        ids come from it (device ids), else only after the previous step's
+        consumer has read the prefetch buffer (host ids need nothing else)."""
+        main = torch.cuda.current_stream(self.device)
+        if ids_from_host and self._buffer_free is not None and not torch.cuda.is_current_stream_capturing():
+            self._stream.wait_event(self._buffer_free)
+        else:  # device ids, the first prefetch, or inside a graph capture (a fork from the main stream)
+            self._stream.wait_stream(main)
+
     def start_prefetch(
         self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
     ) -> None:
-        """Gather ids over DP and launch their lookup on the side stream."""
+        """Gather ids over DP and launch their lookup on the side stream (host ids
+        are copied to the device there, not on the main stream)."""
         self._check_ids(ids)
         with annotate("prefetch_start", color="yellow"):
             buffer, gathered, slot, local = self._prefetch_target(ids, dp_token_counts)
             active = buffer[: gathered.shape[0]]
             if self._stream is not None:
-                self._stream.wait_stream(torch.cuda.current_stream(self.device))
-                gathered.record_stream(self._stream)
-                self._inflight_ids = gathered  # alive until finalize joins the stream
+                from_host = gathered.device.type == "cpu"
+                self._side_stream_start(from_host)
                 with torch.cuda.stream(self._stream):
-                    self._local_lookup(gathered, out=active)
+                    dev_ids = self.device_ids(gathered)  # on the side stream
+                    if not from_host:
+                        dev_ids.record_stream(self._stream)
+                    self._inflight_ids = dev_ids  # alive until finalize joins the stream
+                    self._local_lookup(dev_ids, out=active)
             else:
                 self._local_lookup(gathered, out=active)
             self._pending = (gathered.shape[0], slot, local)
@@ -166,13 +185,18 @@ class PinnedUVAEmbedding(PLEEmbedding):
         with annotate("prefetch_finalize", color="yellow"):
             n, slot, local = self._pending
             self._pending = None
-            if self._stream is not None:
-                torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            main = torch.cuda.current_stream(self.device) if self._stream is not None else None
+            if main is not None:
+                main.wait_stream(self._stream)
             self._inflight_ids = None
             rows = self._select(self._reduce(self._buffer[:n]), slot, local)
             rows = rows.reshape(local, self.num_heads * self.embedding_dim)
             if out is None:
-                return rows.clone()
-            _check_out(out, rows)
-            out.copy_(rows)
-            return out
+                rows = rows.clone()
+            else:
+                _check_out(out, rows)
+                out.copy_(rows)
+            if main is not None and not torch.cuda.is_current_stream_capturing():
+                self._buffer_free = torch.cuda.Event()  # the buffer is free once the main stream read it
+                self._buffer_free.record(main)
+            return rows if out is None else out
