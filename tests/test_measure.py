@@ -518,3 +518,54 @@ def test_cuda_graph_path(monkeypatch):
 
     with pytest.raises(GraphCaptureError, match="not permitted"):
         measure_graph(bad, device=GPU0, policy=policy())
+
+
+# ------------------------------------------------------ host-blocking calls
+class _FakeEvent:
+    """A CUDA event whose timestamp is the host clock when it is recorded."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = None
+
+    def record(self, stream=None) -> None:
+        self.t = time.perf_counter_ns()
+
+    def elapsed_time(self, other: "_FakeEvent") -> float:
+        return (other.t - self.t) / 1e6
+
+
+class _NoClock:
+    def read(self):
+        return None
+
+    def is_throttled(self, mhz, threshold):
+        return False
+
+
+def test_host_sync_timer_median_is_the_call_cost_and_does_not_grow(monkeypatch):
+    """A fake host-blocking call of known cost (3 ms of host work), timed by the
+    host-sync timer with the CUDA calls faked: the median is that cost, every
+    sample is one synchronized call, and nothing grows from batch to batch."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(1))
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: object())
+    monkeypatch.setattr(timer_mod, "ClockSampler", lambda device: _NoClock())
+    cost_s = 0.003
+
+    def blocking_call() -> None:
+        end = time.perf_counter() + cost_s
+        while time.perf_counter() < end:
+            pass
+
+    policy = TimingPolicy(warmup_ms=1.0, min_samples=40, max_samples=60, min_time_s=0.0,
+                          max_time_s=10.0, max_noise=0.0, cold_l2=False)
+    m = timer_mod._measure_cuda_sync(blocking_call, torch.device("cuda", 0), policy, cold_l2=False,
+                                     label="fake", clock=time.monotonic)
+    assert m.timer == "host_sync" and m.stopped_by == "max_samples" and len(m.samples_ms) == 60
+    median = statistics.median(m.samples_ms)
+    assert 3.0 <= median < 3.0 * 1.15, median
+    # no growth: the last samples cost what the first did (the spin-hold timer grew 1.5x a batch)
+    assert statistics.median(m.samples_ms[-15:]) < 1.15 * statistics.median(m.samples_ms[:15])
+    assert len(m.event_samples_ms) == 60 and statistics.median(m.event_samples_ms) >= 3.0
+    assert len(syncs) >= 2 * 60  # a sync before and after every sampled call

@@ -26,6 +26,16 @@ How a CUDA measurement runs (after nvbench's cold measurement and
 On a CPU device the same loop times ``fn()`` with ``time.perf_counter_ns``
 (``timer="host_monotonic"``); there is nothing to flush and no clock to read.
 
+Host-blocking calls (``host_sync=True``; a backend that declares
+``blocks_host``, or a step whose ids are refilled on the host): a call that
+occupies the host thread would wait out a launch-hiding spin, which then grows
+with the host time it measured -- so there is no spin.  Each sample is one
+synchronized call timed by the host clock: ``[L2 flush] -> device sync -> t0 ->
+start event -> fn() -> end event -> device sync -> t1`` (``timer="host_sync"``,
+the sample is ``t1 - t0``; the events' GPU time of the same call is kept
+alongside in ``event_samples_ms``).  The stopping rule, the caps and the clock
+readings are those of the other timers.
+
 NVTX: the whole measurement is in ``annotate(label)``, warm-up in
 ``annotate("warmup")``, sampling in ``annotate("measurement")``.
 """
@@ -172,6 +182,7 @@ class Measurement:
     cold_l2: bool = False  # True only when the L2 was really flushed before each sample
     host_ms_per_call: float | None = None  # host enqueue time per sample (CUDA), None on CPU
     replays_per_sample: int = 1  # graph replays timed per sample (sample = their mean)
+    event_samples_ms: list[float] | None = None  # host_sync: the CUDA-event time of each sample's call
 
     def stats(self, drop_throttled: bool = True) -> dict[str, Any]:
         """median_ms, mean_ms, min_ms, max_ms, p10_ms, p90_ms, q1_ms, q3_ms,
@@ -345,6 +356,41 @@ class _CudaBatcher:
         return samples, mhz
 
 
+class _SyncBatcher:
+    """``take_batch`` for host-blocking calls: each sample one synchronized call,
+    timed by the host clock, CUDA events alongside (no stream hold)."""
+
+    def __init__(self, device, launch: Callable[[], None], *, flusher, clocks: ClockSampler) -> None:
+        self.device = device
+        self.stream = torch.cuda.current_stream(device)
+        self.launch = launch
+        self.flusher = flusher
+        self.clocks = clocks
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.event_samples_ms: list[float] = []
+        self.per_sample_s = 0.0
+
+    def __call__(self, k: int) -> tuple[list[float], float | None]:
+        samples = []
+        mhz = None
+        for i in range(k):
+            if self.flusher is not None:
+                self.flusher.flush()
+            torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter_ns()
+            self.start.record(self.stream)
+            self.launch()
+            self.end.record(self.stream)
+            if i == 0:
+                mhz = self.clocks.read()  # the GPU is (or was just) busy with this call
+            torch.cuda.synchronize(self.device)
+            samples.append((time.perf_counter_ns() - t0) / 1e6)
+            self.event_samples_ms.append(self.start.elapsed_time(self.end))
+        self.per_sample_s = sum(samples) / k / 1e3
+        return samples, mhz
+
+
 def _warmup(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float) -> tuple[int, float]:
     """Call until ``warmup_ms`` of wall time have passed (at least once);
     returns (calls, wall seconds per call)."""
@@ -380,6 +426,29 @@ def _measure_cpu(fn, policy: TimingPolicy, label: str, clock) -> Measurement:
                        res.stopped_by, calls, label=label, cold_l2=False)
 
 
+def _measure_cuda_sync(launch, device, policy: TimingPolicy, *, cold_l2: bool, label: str,
+                       clock) -> Measurement:
+    flusher = get_flusher(device) if cold_l2 else None
+    clocks = ClockSampler(device)
+
+    def warm_call() -> None:
+        if flusher is not None:
+            flusher.flush()
+        launch()
+
+    calls, _ = _warmup(warm_call, lambda: torch.cuda.synchronize(device), policy.warmup_ms)
+    batcher = _SyncBatcher(device, launch, flusher=flusher, clocks=clocks)
+    with annotate("measurement", color="green"), profiler_window():
+        res = run_sampling(
+            batcher, stopper_for(policy, clock), max_samples=policy.max_samples,
+            batch_size=_adaptive_batch(lambda: batcher.per_sample_s),
+            is_throttled=lambda mhz: clocks.is_throttled(mhz, policy.throttle_threshold),
+        )
+    return Measurement(res.samples_ms, "host_sync", res.sm_clock_mhz, res.throttled, res.stopped_by,
+                       calls, label=label, cold_l2=flusher is not None,
+                       event_samples_ms=list(batcher.event_samples_ms))
+
+
 def _measure_cuda(launch, device, policy: TimingPolicy, *, cold_l2: bool, label: str, clock,
                   divisor: int = 1, warmup_call=None) -> Measurement:
     stream = torch.cuda.current_stream(device)
@@ -410,16 +479,21 @@ def _measure_cuda(launch, device, policy: TimingPolicy, *, cold_l2: bool, label:
 
 # ------------------------------------------------------------------- public
 def measure(fn: Callable[[], Any], *, device, policy: TimingPolicy, cold_l2: bool = False,
-            label: str = "measure", clock: Callable[[], float] = time.monotonic) -> Measurement:
+            label: str = "measure", clock: Callable[[], float] = time.monotonic,
+            host_sync: bool = False) -> Measurement:
     """Time ``fn()`` (no arguments; complete on the current stream when it
     returns) on ``device`` under ``policy``; ``cold_l2`` flushes the L2 before
     every sample (CUDA only; ignored on CPU, where ``Measurement.cold_l2`` is
-    False).  ``clock`` is the stopping rule's wall clock (injectable for tests)."""
+    False).  ``host_sync``: ``fn`` occupies the host -- time synchronized calls
+    on the host clock, no spin hold (CUDA; on a CPU every call is host-timed
+    anyway).  ``clock`` is the stopping rule's wall clock (injectable for tests)."""
     device = _as_device(device)
     with annotate(label):
         if device.type != "cuda":
             return _measure_cpu(fn, policy, label, clock)
         with torch.cuda.device(device):
+            if host_sync:
+                return _measure_cuda_sync(fn, device, policy, cold_l2=cold_l2, label=label, clock=clock)
             return _measure_cuda(fn, device, policy, cold_l2=cold_l2, label=label, clock=clock)
 
 
