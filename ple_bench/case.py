@@ -14,6 +14,9 @@ from typing import Any
 
 KINDS = ("lookup", "step")
 GRAPH_MODES = ("eager", "breakable", "full")
+#: where a case's ids live when the lookup (or step) starts: produced on the GPU,
+#: or known on the host (as a server's scheduler knows them), in pinned memory
+IDS_ON = ("device", "host")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class Case:
     sm_limit: int = 0  # SMs the prefetch side stream may use (a green context); 0 = no limit
     # lookup-path axes
     cache_rows: int = 0  # hot-row cache in GPU memory (0 = none)
+    ids_on: str = "device"  # device | host: where the ids are when the lookup / step starts
+    gather_threads: int = 0  # host-gather threads of the CPU-gather path (0 = the cores torch sees, <= 16)
     extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
 
     @property
@@ -104,6 +109,10 @@ class Case:
             parts.append(f"sm{self.sm_limit}")
         if self.cache_rows:
             parts.append(f"cache{self.cache_rows}")
+        if self.ids_on != "device":
+            parts.append(f"ids{self.ids_on}")
+        if self.gather_threads:
+            parts.append(f"gt{self.gather_threads}")
         return ".".join(parts) + "-" + digest
 
     @classmethod

@@ -79,6 +79,7 @@ class CaseExecutor:
     groups_by_topology: dict = field(default_factory=dict)
     table: _Table | None = None
     resident_step_ms: dict = field(default_factory=dict)
+    host_gather_ceilings: dict = field(default_factory=dict)  # (table bytes, rows, row bytes) -> fields
 
     # ------------------------------------------------------------ helpers
     def groups_for(self, topo: Topology) -> Groups:
@@ -122,7 +123,8 @@ class CaseExecutor:
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
         key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
-               case.num_tokens, case.cache_rows, case.stream_priority, case.sm_limit, topo)
+               case.num_tokens, case.cache_rows, case.stream_priority, case.sm_limit,
+               case.gather_threads, topo)
         if self.table is not None and self.table.key == key:
             backend = self.table.backend
             # same table, another kernel: swap the kernel, keep the filled table
@@ -148,6 +150,8 @@ class CaseExecutor:
             kwargs["stream_priority"] = case.stream_priority
         if case.sm_limit:
             kwargs["sm_limit"] = case.sm_limit
+        if case.gather_threads:
+            kwargs["gather_threads"] = case.gather_threads
         for k, v in case.extra:
             kwargs[k] = v
         with annotate("table_fill", color="gray"):
@@ -166,11 +170,17 @@ class CaseExecutor:
         return backend
 
     def ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
+        """The case's ids where ``ids_on`` says: on the device, or in pinned host memory."""
         from .workload import make_ids
 
         dp_rank = topo.coords(self.rank).dp_rank if topo.world_size > 1 else 0
-        return make_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size,
-                        seed=case.seed + _DP_SEED_STRIDE * dp_rank, device=self.device)
+        on_host = case.ids_on == "host"
+        ids = make_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size,
+                       seed=case.seed + _DP_SEED_STRIDE * dp_rank,
+                       device=torch.device("cpu") if on_host else self.device)
+        if on_host and self.device.type == "cuda":
+            ids = ids.pin_memory()
+        return ids
 
     # ------------------------------------------------------------ one case
     def run(self, case: Case, policy) -> dict[str, Any]:
@@ -237,7 +247,7 @@ class CaseExecutor:
 
     def check_output(self, case: Case, backend, ids: torch.Tensor, out: torch.Tensor) -> None:
         ref = synthetic_rows(ids.reshape(-1), case.dim, self.table.seed, backend.storage_dtype)
-        ref = ref.reshape(ids.shape[0], case.num_heads * case.dim)
+        ref = ref.reshape(ids.shape[0], case.num_heads * case.dim).to(out.device)
         if tuple(out.shape) != tuple(ref.shape):
             raise InvalidCase(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
         a = out.contiguous().view(torch.uint8)
@@ -261,6 +271,8 @@ class CaseExecutor:
         buffer = getattr(backend, "_buffer", None)
         if isinstance(buffer, torch.Tensor):
             buffer.view(torch.uint8).fill_(0x7F)
+        if self.device.type == "cuda":  # the poison lands before the next lookup, whatever it waits for
+            torch.cuda.synchronize(self.device)
         self.check_output(case, backend, sets[0], fn())
 
     def _run_lookup(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
@@ -276,10 +288,15 @@ class CaseExecutor:
         graph_fn = self._lookup_fn(case, backend, ids, counts)
         multi = topo.world_size > 1
         pol = _lockstep(policy) if multi else policy
+        host_sync = bool(type(backend).blocks_host)
         rec: dict[str, Any] = {}
         primary = None
         graph_meas = None
-        if case.graph == "full" or (policy.graph and not multi and self.device.type == "cuda"):
+        if case.graph == "full" and host_sync:
+            raise SkipCase(f"graph=full: {case.impl} does its lookup on the host, which a CUDA graph "
+                           "cannot capture (it runs eagerly, or as an eager break of graph=breakable steps)")
+        if case.graph == "full" or (policy.graph and not multi and self.device.type == "cuda"
+                                    and not host_sync):
             if self.device.type != "cuda":
                 raise SkipCase("graph=full needs CUDA (CPU functional mode runs eagerly)")
             if multi:
@@ -293,9 +310,10 @@ class CaseExecutor:
             primary = graph_meas
         else:
             primary = m.measure(fn, device=self.device, policy=pol, cold_l2=policy.cold_l2,
-                                label="lookup")
+                                label="lookup", host_sync=host_sync)
             if policy.hot and policy.cold_l2:
-                hot = m.measure(fn, device=self.device, policy=pol, cold_l2=False, label="lookup_hot")
+                hot = m.measure(fn, device=self.device, policy=pol, cold_l2=False, label="lookup_hot",
+                                host_sync=host_sync)
                 rec["hot_median_ms"] = hot.stats()["median_ms"]
                 rec["hot_samples_ms"] = hot.samples_ms
         if graph_meas is not None:
@@ -311,7 +329,27 @@ class CaseExecutor:
                    graph_id_sets=1 if graph_meas is not None else None)
         rec.update(self._path_stats(backend, fn, len(id_sets)))
         rec.update(sm_limit_fields(case, backend))
+        rec.update(self._host_gather_share(case, backend, rows, rec.get("median_ms"), "pct_of_host_gather_ceiling"))
         return rec
+
+    def _host_gather_share(self, case: Case, backend, rows: int, ms: float | None, key: str) -> dict[str, Any]:
+        """For a path that gathers on the host: the host-gather ceiling of this
+        table and row count (measured once per run and worker, see
+        :func:`ple_bench.measure.host_gather_ceiling`) and ``ms``'s share of it."""
+        if not type(backend).reads_ids_on_host or backend.weight is None:
+            return {}
+        from .measure import host_gather_ceiling
+
+        ident = (backend.table_bytes, rows, backend.row_bytes)
+        if ident not in self.host_gather_ceilings:
+            self.host_gather_ceilings[ident] = host_gather_ceiling(backend.weight, rows, self.device)
+        ceiling = self.host_gather_ceilings[ident]
+        out: dict[str, Any] = {"host_gather_ceiling": dict(ceiling),
+                               "host_gather_ceiling_ms": ceiling["ms"],
+                               "host_gather_ceiling_rows_per_s": ceiling["rows_per_s"]}
+        if ms:
+            out[key] = 100.0 * ceiling["ms"] / ms
+        return out
 
     def _path_stats(self, backend, fn, calls: int) -> dict[str, Any]:
         """``calls`` more (untimed) calls, one per id set, for what the path reports
@@ -359,36 +397,47 @@ class CaseExecutor:
         ids = id_sets[0]
         self._gate(case, backend, id_sets, counts)
         key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
-               case.compute_us, case.hidden, case.graph, topo)
+               case.compute_us, case.hidden, case.graph, case.ids_on, topo)
         # The resident baseline: the device-resident step with the same lookup kernel when the
         # suite has one (a like-for-like storage comparison), else the resident step with the
         # reference Triton kernel, else the device backend's default (the record names it).
+        # Like for like also in the timer: a host-blocking path's step is timed as synchronized
+        # calls on the host clock, and so is its resident baseline (a resident step records both).
+        timer = "host_sync" if (type(backend).blocks_host or case.ids_on == "host") else "cuda_event"
+        if self.device.type != "cuda":
+            timer = "host_monotonic"  # functional mode: every call is host-timed
         kernel = backend.kernel_name
         baseline_kernel = next((k for k in (kernel, "triton_reference", "torch_masked")
-                                if (key, k) in self.resident_step_ms), None)
-        baseline = self.resident_step_ms.get((key, baseline_kernel)) if baseline_kernel else None
+                                if (key, k, timer) in self.resident_step_ms), None)
+        baseline = self.resident_step_ms.get((key, baseline_kernel, timer)) if baseline_kernel else None
         # several id sets, copied into the step's static input in turn: fresh rows each step
         if len(id_sets) < 2:
             id_sets = self.id_sets_for(case, topo, 8)
         try:
             rec = step_mod.run_step_case(replace(case, grid_frac=1.0), backend, id_sets, counts, policy,
                                          self.device, resident_baseline=baseline,
-                                         table_seed=self.table.seed)
+                                         table_seed=self.table.seed,
+                                         host_sync_twin=case.impl == "device" and timer == "cuda_event")
         except NotImplementedError as exc:
             raise SkipCase(str(exc)) from exc
         except step_mod.StepMismatch as exc:
             raise InvalidCase(str(exc)) from exc
         rec.update(self._path_stats(backend, self._lookup_fn(case, backend, id_sets, counts), len(id_sets)))
         if case.impl == "device" and rec.get("step_ms") is not None:
-            self.resident_step_ms[(key, kernel)] = rec["step_ms"]
+            self.resident_step_ms[(key, kernel, rec["timer"])] = rec["step_ms"]
+            if rec.get("step_host_sync_ms") is not None:
+                self.resident_step_ms[(key, kernel, "host_sync")] = rec["step_host_sync_ms"]
         if baseline is not None and case.impl != "device":
             rec["offload_baseline"] = f"device · {baseline_kernel}"
+            rec["offload_baseline_timer"] = timer
         if topo.world_size > 1:
             rec.update(_slowest_rank(rec))
         rows = ids.numel()
         rec.setdefault("rows", rows)
         rec.setdefault("bytes_moved", rows * case.row_bytes)
         rec.update(row_bytes=case.row_bytes, table_bytes=case.table_bytes)
+        rec.update(self._host_gather_share(case, backend, rows, rec.get("lookup_ms"),
+                                           "lookup_pct_of_host_gather_ceiling"))
         return rec
 
 

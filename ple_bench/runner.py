@@ -138,6 +138,21 @@ def select_cases(cases: list[Case], patterns: list[str]) -> list[Case]:
                                      for p in patterns)]
 
 
+def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
+    """A host-path record's host-gather ceiling goes into ``meta.json``, once per
+    (table bytes, rows, row bytes): ``ceilings["host_gather"]["<table>:<rows>:<row>"]``."""
+    ceiling = rec.pop("host_gather_ceiling", None)
+    if not isinstance(ceiling, dict):
+        return
+    ceilings = meta.setdefault("ceilings", {}) or {}
+    meta["ceilings"] = ceilings
+    table = ceilings.setdefault("host_gather", {})
+    key = f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}"
+    if key not in table:
+        table[key] = ceiling
+        writer.update_meta(ceilings=ceilings)
+
+
 def derive_metrics(rec: dict[str, Any], case: Case, ceilings: dict[str, Any], mode: str) -> None:
     """GB/s, rows/s and the share of the ceiling that binds this case."""
     median = rec.get("median_ms")
@@ -222,6 +237,7 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         for case in todo:
             progress.start(case.case_id)
             rec = executor.run_case(case, policy)
+            _keep_host_gather_ceiling(rec, meta, writer)
             derive_metrics(rec, case, meta.get("ceilings") or {}, mode)
             writer.append(rec)
             counts[rec["status"]] += 1

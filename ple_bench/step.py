@@ -14,11 +14,18 @@ is.  ``n`` is calibrated on the device to take about ``compute_us``
 weights form a ring larger than the L2 cache so that, as in a real decode step,
 the compute streams its weights from memory.
 
+Where the ids are (``ids_on``): ``device`` -- the static id buffer is on the
+GPU, refilled by a device copy (ids produced by an earlier kernel); ``host`` --
+it is a pinned host tensor, refilled by the host once the previous step has
+finished (a server's scheduler knows the next step's ids on the host): kernel
+paths copy the ids to the device themselves, host paths gather at once.
+
 Graph modes (:mod:`ple_bench.graphs`): ``eager``; ``breakable`` -- the backend
 calls (start_prefetch, finalize, lookup) are eager breaks, replayed with this
 step's static id buffer and a DP-count list that :meth:`DecodeStep.set_inputs`
 updates in place; ``full`` -- the whole step is one graph, possible only where
-those calls read nothing on the host (no DP gather).  On a CPU everything runs
+those calls read nothing on the host (no DP gather) and do no host work (not
+a host path: a host gather cannot be captured).  On a CPU everything runs
 synchronously and eagerly (functional mode); graph modes are
 ``NotImplementedError`` ("needs CUDA"), which the runner records as skipped.
 
@@ -113,7 +120,10 @@ class DecodeStep:
         act_dtype: torch.dtype | None = None,
         seed: int = 0,
         graph_factory: Callable[[str], BreakableGraph] | None = None,
+        ids_on: str = "device",
     ) -> None:
+        if ids_on not in ("device", "host"):
+            raise ValueError(f"unknown ids_on {ids_on!r}; allowed: device, host")
         if graph not in MODES:
             raise ValueError(f"unknown graph mode {graph!r}; allowed: {MODES}")
         if (compute_us is None) == (compute_layers is None):
@@ -127,6 +137,7 @@ class DecodeStep:
         if self.device != backend.device:
             raise ValueError(f"step device {self.device} differs from the backend's {backend.device}")
         self.graph_mode = graph
+        self.ids_on = ids_on
         # graph_factory(mode) -> BreakableGraph: replaces the CUDA graphs (tests
         # use fake segments to check the step's breaks on a CPU)
         self._graph_factory = graph_factory
@@ -144,7 +155,10 @@ class DecodeStep:
         dev, act = self.device, self.act_dtype
         gen = torch.Generator(device=dev)
         gen.manual_seed(0x5EED + seed)
-        self.ids = torch.zeros(num_tokens, heads, dtype=torch.int64, device=dev)
+        if ids_on == "host":
+            self.ids = torch.zeros(num_tokens, heads, dtype=torch.int64, pin_memory=dev.type == "cuda")
+        else:
+            self.ids = torch.zeros(num_tokens, heads, dtype=torch.int64, device=dev)
         self.dp_counts: list[int] = []  # updated in place: the breaks are bound to this list
         self.rows = torch.zeros(num_tokens, self.emb_width, dtype=backend.storage_dtype, device=dev)
         self.out = torch.zeros(num_tokens, hidden, dtype=act, device=dev)
@@ -182,6 +196,12 @@ class DecodeStep:
     def check_mode(self, mode: str) -> None:
         """``NotImplementedError`` (-> skipped) where ``mode`` cannot run."""
         replicas = self.backend.topology.replicas
+        if mode == "full" and type(self.backend).blocks_host:
+            raise NotImplementedError(
+                f"graph=full: {type(self.backend).__name__} does its lookup on the host (ids on the "
+                f"{self.ids_on}), which a CUDA graph cannot capture; use graph=breakable, whose "
+                "start_prefetch / finalize are eager breaks around the compute's graph"
+            )
         if mode == "full" and replicas > 1:
             raise NotImplementedError(
                 f"graph=full captures start_prefetch/finalize, which read host-side DP token "
@@ -195,7 +215,13 @@ class DecodeStep:
         """Copy fresh ids into the static id buffer; update the DP counts in place."""
         if tuple(ids.shape) != tuple(self.ids.shape):
             raise ValueError(f"ids must be {tuple(self.ids.shape)}, got {tuple(ids.shape)}")
-        self.ids.copy_(ids, non_blocking=True)
+        if self.ids_on == "host" and self.device.type == "cuda":
+            # the previous step may still be copying from this pinned buffer: a server refills
+            # its host-side inputs once the previous step is done (it needs its sampled tokens)
+            torch.cuda.synchronize(self.device)
+            self.ids.copy_(ids)
+        else:
+            self.ids.copy_(ids, non_blocking=True)
         self.dp_counts[:] = [int(c) for c in dp_token_counts] if dp_token_counts is not None else []
 
     # ------------------------------------------------------------ pieces
@@ -420,6 +446,7 @@ def check_step(
         buffer = getattr(step.backend, "_buffer", None)
         if isinstance(buffer, torch.Tensor):
             buffer.view(torch.uint8).fill_(0x7F)
+        step._sync()  # the poison lands before the step, whatever its prefetch waits for
         run()
         step._sync()
         ref = _reference_rows(step, ids, table_seed, dp_token_counts)
@@ -490,6 +517,7 @@ STEP_KEYS = (
     "compute_region_alone_samples_ms", "exposed_ms", "compute_slowdown", "overlap_efficiency",
     "offload_overhead", "graph_break_cost_ms", "full_step_ms", "full_step_samples_ms",
     "compute_matmuls", "compute_target_us", "matmul_us", "median_ms", "samples_ms", "timer",
+    "step_host_sync_ms", "step_host_sync_samples_ms",
 )
 
 
@@ -504,6 +532,7 @@ def run_step_case(
     *,
     table_seed: int | None = None,
     measure_fn: Callable[..., Any] | None = None,
+    host_sync_twin: bool = False,
 ) -> dict[str, Any]:
     """Check, then measure one ``kind="step"`` case; returns record fields.
 
@@ -530,6 +559,12 @@ def run_step_case(
     with ``sm_limit`` > 0 (the prefetch side stream on a green context of that
     many SMs), ``sm_limit_granted`` (SMs the driver gave) and ``green_via``.
 
+    ``timer``: ``host_sync`` (synchronized calls, host clock, no spin hold)
+    for a host-blocking backend or host ids, else ``cuda_event``; all three
+    measurements of a case use the same one.  ``host_sync_twin``: also time the
+    step with the host-sync timer (``step_host_sync_ms``), for a resident step
+    that must be the like-for-like baseline of host-blocking paths.
+
     ``NotImplementedError`` (-> skipped) for what cannot run here;
     :class:`StepMismatch` (-> invalid) for a wrong result."""
     if getattr(case, "kind", "step") != "step":
@@ -548,18 +583,25 @@ def run_step_case(
         _apply_sm_limit(backend, sm_limit, case, device)
     if measure_fn is None:
         from .measure import measure as measure_fn  # noqa: N813
-    sets = [t.to(backend.device) for t in _id_sets(ids)]
+    ids_on = getattr(case, "ids_on", "device")
+    if ids_on == "host":
+        sets = [t.to("cpu") for t in _id_sets(ids)]
+        if device.type == "cuda":
+            sets = [t if t.is_pinned() else t.pin_memory() for t in sets]
+    else:
+        sets = [t.to(backend.device) for t in _id_sets(ids)]
     counts = list(dp_token_counts) if dp_token_counts is not None else None
     multi = backend.topology.world_size > 1
     pol = _lockstep(policy) if multi else policy
+    host_sync = bool(getattr(type(backend), "blocks_host", False)) or ids_on == "host"
 
     step = DecodeStep(
         backend, hidden=case.hidden, num_tokens=sets[0].shape[0], compute_us=case.compute_us,
-        prefetch=case.prefetch, graph=case.graph, device=device,
+        prefetch=case.prefetch, graph=case.graph, device=device, ids_on=ids_on,
     )
     try:
         rec = _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
-                            resident_baseline, measure_fn)
+                            resident_baseline, measure_fn, host_sync, host_sync_twin)
     finally:
         step.close()
     if sm_limit:
@@ -569,7 +611,8 @@ def run_step_case(
 
 
 def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device, multi,
-                  resident_baseline, measure_fn) -> dict[str, Any]:
+                  resident_baseline, measure_fn, host_sync: bool = False,
+                  host_sync_twin: bool = False) -> dict[str, Any]:
     check_step(step, sets, table_seed, counts)
 
     position = [0]
@@ -584,8 +627,9 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
             runner()
         return fn
 
-    def sample(runner: Callable[[], Any], label: str):
-        return measure_fn(timed(runner), device=device, policy=pol, cold_l2=False, label=label)
+    def sample(runner: Callable[[], Any], label: str, sync: bool = host_sync):
+        kwargs = {"host_sync": True} if sync else {}
+        return measure_fn(timed(runner), device=device, policy=pol, cold_l2=False, label=label, **kwargs)
 
     step_m = sample(step.runner("step"), "step")
     lookup_m = sample(step.runner("lookup"), "step_lookup")
@@ -626,6 +670,13 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
                                  if lookup_ms and lookup_ms > 0 else None)
     base = resident_baseline.get("step_ms") if isinstance(resident_baseline, dict) else resident_baseline
     rec["offload_overhead"] = step_ms / base - 1.0 if base else None
+
+    rec["step_host_sync_ms"] = rec["step_host_sync_samples_ms"] = None
+    if host_sync_twin and not host_sync:
+        twin = sample(step.runner("step"), "step_host_sync", sync=True)
+        rec.update(step_host_sync_ms=twin.stats()["median_ms"], step_host_sync_samples_ms=list(twin.samples_ms))
+    if getattr(step_m, "event_samples_ms", None):
+        rec["step_event_samples_ms"] = list(step_m.event_samples_ms)
 
     rec["graph_break_cost_ms"] = rec["full_step_ms"] = rec["full_step_samples_ms"] = None
     if case.graph == "breakable" and not multi:

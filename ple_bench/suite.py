@@ -37,7 +37,8 @@ A suite is a TOML file ``suites/<name>.toml``::
 
 Axes are exactly the fields of :class:`ple_bench.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
-seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows), plus
+seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
+gather_threads), plus
 ``table_bytes`` (an integer or a size string such as ``"64MiB"``/``"32GiB"``;
 a group gives either ``vocab_size`` or ``table_bytes``) and ``extra.<key>`` (free
 axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
@@ -68,6 +69,12 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   ``prefetch = true``: a case with ``sm_limit`` > 0 and prefetch off is an
   error (filter it with ``exclude``).  A ``kind = "lookup"`` case with prefetch
   runs its lookup on that stream, the main stream waiting for it.
+* ``ids_on`` is "device" (default: the ids are produced on the GPU, as by an
+  earlier kernel) or "host" (the ids are a pinned host tensor known when the
+  lookup or step starts, as a server's scheduler knows them: kernel paths copy
+  them to the device as part of their cost, host paths gather at once).
+  ``gather_threads`` (0 = the cores torch sees, at most 16) is the CPU-gather
+  path's thread count; other paths skip a case that sets it.
 * For ``kind = "lookup"`` the step-only axes ``compute_us`` and ``hidden`` are
   reset to their defaults (so a mixed group does not repeat a lookup per compute
   time); cases that become equal, within or across groups, are kept once.
@@ -100,7 +107,7 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:  # pragma: no cover
         tomllib = None  # type: ignore[assignment]
 
-from .case import GRAPH_MODES, KINDS, Case
+from .case import GRAPH_MODES, IDS_ON, KINDS, Case
 from .parallel import Topology, TopologyError
 from . import workload
 
@@ -399,6 +406,8 @@ AXES: dict[str, Callable[[Any], Any]] = {
     "grid_frac": _float(0.0, 1.0, lo_open=True),
     "sm_limit": _int(0),
     "cache_rows": _int(0),
+    "ids_on": _choice(IDS_ON, "ids_on"),
+    "gather_threads": _int(0, 256),
 }
 # Pseudo-axis: a table size, turned into vocab_size = table_bytes // row_bytes.
 PSEUDO_AXES: dict[str, Callable[[Any], Any]] = {"table_bytes": parse_size}

@@ -6,7 +6,7 @@ external profiler's capture window (``profiler``).
 Measurement never formats: it returns raw samples in dataclasses; reports
 are built from the stored records."""
 
-from .ceilings import measure_ceilings
+from .ceilings import host_gather_ceiling, measure_ceilings
 from .clocks import ClockSampler, device_info
 from .l2 import L2Flusher, get_flusher, l2_flush, l2_size_bytes
 from .profiler import profiler_window, profiler_window_enabled, set_profiler_window
@@ -25,7 +25,7 @@ from .timer import (
 __all__ = [
     "ClockSampler", "Criterion", "GraphCaptureError", "L2Flusher", "Measurement", "RelativeNoise",
     "SampleCount", "Stopper", "TimeBudget", "TimingPolicy", "capture_graph", "device_info",
-    "get_flusher", "l2_flush", "l2_size_bytes", "measure", "measure_ceilings", "measure_graph",
+    "get_flusher", "l2_flush", "l2_size_bytes", "measure", "measure_ceilings", "host_gather_ceiling", "measure_graph",
     "profiler_window", "profiler_window_enabled", "relative_noise", "run_sampling",
     "set_profiler_window", "stopper_for", "summarize",
 ]

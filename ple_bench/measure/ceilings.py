@@ -19,6 +19,13 @@ CPU (``time.perf_counter_ns``; names say "host"): ``host_memcpy_gbps`` (read +
 write bytes, like ``d2d_gbps``) and ``host_random_row_*`` (the same gather from
 a host table).
 
+Per table and row count (:func:`host_gather_ceiling`, measured by the engine
+for the cases of host-side paths, kept in ``meta.json`` under
+``ceilings["host_gather"]``): a plain ``torch.index_select`` of that many
+uniform random rows of the case's own pinned table into pinned staging, with
+all of torch's intra-op threads, plus one host->device copy of the staging
+buffer, synchronized; host clock, median over rotating id sets.
+
 Both also return ``ceilings_timer`` (``"cuda_event"`` | ``"host_monotonic"``)
 and ``ceilings_seconds`` (wall time spent).
 """
@@ -159,6 +166,51 @@ def _cpu_ceilings(budget_s: float, pinned_table_bytes: int) -> dict[str, Any]:
         res.update(_gather_rates(table, cpu, cpu, _host_timed, share, "host_random_row"))
     res["ceilings_timer"] = "host_monotonic"
     return res
+
+
+HOST_GATHER_ID_SETS = 8
+HOST_GATHER_MIN_REPEATS = 20
+HOST_GATHER_BUDGET_S = 0.3
+
+
+def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0,
+                        budget_s: float = HOST_GATHER_BUDGET_S) -> dict[str, Any]:
+    """The host-gather ceiling of ``table`` (a host ``[rows_total, ...]`` tensor, pinned
+    on a GPU machine) for ``rows`` rows: ``torch.index_select`` of uniform random rows
+    into pinned staging (all torch threads) + one host->device copy, synchronized,
+    host clock.  Returns ``ms`` (median per gather), ``rows_per_s``, ``rows``,
+    ``table_bytes``, ``row_bytes``, ``threads``, ``repeats``, ``timer``."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    cuda = device.type == "cuda"
+    view = table.view(torch.uint8).view(table.shape[0], -1)
+    total, row_bytes = view.shape
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    id_sets = [torch.randint(0, total, (rows,), generator=gen) for _ in range(HOST_GATHER_ID_SETS)]
+    staging = torch.empty(rows, row_bytes, dtype=torch.uint8, pin_memory=cuda)
+    dest = torch.empty(rows, row_bytes, dtype=torch.uint8, device=device) if cuda else None
+    turn = [0]
+
+    def run() -> None:
+        ids = id_sets[turn[0] % len(id_sets)]
+        turn[0] += 1
+        torch.index_select(view, 0, ids, out=staging)
+        if dest is not None:
+            dest.copy_(staging, non_blocking=True)
+            torch.cuda.synchronize(device)
+
+    with annotate("ceiling_host_gather"):
+        for _ in range(3):
+            run()
+        times: list[float] = []
+        t0 = time.perf_counter()
+        while len(times) < HOST_GATHER_MIN_REPEATS or (time.perf_counter() - t0 < budget_s and len(times) < 2000):
+            times.append(_host_timed(run))
+    seconds = statistics.median(times)
+    return {"ms": seconds * 1e3, "rows_per_s": rows / seconds, "rows": rows, "table_bytes": total * row_bytes,
+            "row_bytes": row_bytes, "threads": torch.get_num_threads(), "repeats": len(times),
+            "timer": "host_sync" if cuda else "host_monotonic"}
 
 
 def measure_ceilings(device, *, budget_s: float = 5.0, pinned_table_bytes: int = 1 << 30) -> dict[str, Any]:
