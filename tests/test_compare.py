@@ -172,18 +172,23 @@ def test_unmatched_and_broken_cases(tmp_path):
 
 @pytest.mark.slow
 def test_nightly_script_end_to_end(tmp_path):
-    """scripts/nightly.sh with a stand-in run command: no baseline, start one, then a regression."""
+    """scripts/nightly.sh with a stand-in run command (3 runs a night): no baseline, start one from a
+    night's runs, a night with a planted regression (run medians, 3 vs 3), a night accepted into the
+    baseline, and the older one-run baseline with one run a night (pooled, with the caveat)."""
     maker = tmp_path / "fake_run.py"
     maker.write_text(
         "import os, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from pathlib import Path\n"
         "from tests._fake_runs import write_gpu_run\n"
         f"from tests.test_compare import lookups, slower, TARGET\n"
         "n = int(os.environ['NIGHT'])\n"
+        "res = Path(os.environ['PLE_BENCH_RESULTS'])\n"
+        "k = len(list(res.glob(f'2026113{n}-*'))) + 1\n"
         "factor = slower(TARGET.case_id, 1.2) if n == 3 else None\n"
-        "write_gpu_run(os.environ['PLE_BENCH_RESULTS'], f'2026113{n}-020000-nightly-000{n}', seed=n,\n"
+        "write_gpu_run(res, f'2026113{n}-0200{k}0-nightly-000{n}', seed=10 * n + k,\n"
         "              only=lookups, include_broken=False, factor=factor,\n"
-        "              started_at=f'2026-11-3{n}T02:00:00+00:00')\n")
+        "              started_at=f'2026-11-3{n}T02:0{k}:00+00:00')\n")
     env = dict(os.environ, PLE_BENCH_PYTHON=sys.executable, PLE_BENCH_RESULTS=str(tmp_path / "results"),
                PLE_BENCH_REPORTS=str(tmp_path / "reports"), PLE_BENCH_RUN_CMD=f"{sys.executable} {maker}",
                PYTHONPATH=str(REPO))
@@ -192,21 +197,42 @@ def test_nightly_script_end_to_end(tmp_path):
         return subprocess.run(["bash", str(REPO / "scripts" / "nightly.sh")], env=dict(env, NIGHT=str(n), **extra),
                               capture_output=True, text=True, timeout=300)
 
+    def night_runs(n: int) -> list[str]:
+        return [f"2026113{n}-0200{k}0-nightly-000{n}" for k in (1, 2, 3)]
+
+    baseline = tmp_path / "results" / "baseline"
+
+    def baseline_runs() -> list[str]:
+        assert baseline.is_dir() and not baseline.is_symlink()
+        links = sorted(baseline.iterdir())
+        assert all(p.is_symlink() for p in links)
+        return [p.resolve().name for p in links]
+
     first = night(1)
     assert first.returncode == 2 and "no baseline" in first.stderr
-    # A later night: the baseline is started from it; then a night with a planted regression.
+    # A later night: the baseline is started from its three runs; then a night with a planted regression.
     second = night(2, PLE_BENCH_INIT_BASELINE="1")
     assert second.returncode == 0, second.stderr
-    baseline = tmp_path / "results" / "baseline"
-    assert baseline.is_symlink() and baseline.resolve().name == "20261132-020000-nightly-0002"
+    assert baseline_runs() == night_runs(2)
     third = night(3)
     assert third.returncode == 1, third.stdout + third.stderr
-    assert re.search(rf"^regression .*{re.escape(TARGET.case_id)}$", third.stdout, re.M)
-    new = tmp_path / "results" / "20261133-020000-nightly-0003"
+    assert re.search(rf"^regression .* 3/3  {re.escape(TARGET.case_id)}$", third.stdout, re.M)
+    assert "run medians of 3 vs 3 runs" in third.stdout and "not independent" not in third.stdout
+    assert baseline_runs() == night_runs(2)  # a failing night does not move the baseline
+    new = tmp_path / "results" / night_runs(3)[-1]
     assert (new / "pytest-benchmark.json").exists()
     report = (tmp_path / "reports" / new.name / "index.html").read_text()
-    assert "Trend over 3 runs" in report  # nights 1-3; the baseline symlink is not counted twice
-    assert (tmp_path / "reports" / f"compare-20261132-020000-nightly-0002-vs-{new.name}.html").exists()
+    assert "Trend over 9 runs" in report  # 3 nights x 3 runs; the baseline's symlinks are not counted
+    assert (tmp_path / "reports" / f"compare-{night_runs(2)[0]}+2-vs-{night_runs(3)[0]}+2.html").exists()
+    # An accepted night: it passes against the old baseline and becomes the baseline.
+    fourth = night(4, PLE_BENCH_ACCEPT="1")
+    assert fourth.returncode == 0, fourth.stdout + fourth.stderr
+    assert baseline_runs() == night_runs(4)
+    assert all((tmp_path / "results" / name / "meta.json").exists() for name in night_runs(2))  # runs kept
+    # The older layout: a baseline that is one run directory, one run a night: pooled samples, said so.
+    fifth = night(5, PLE_BENCH_RUNS="1", PLE_BENCH_BASELINE=str(tmp_path / "results" / night_runs(4)[0]))
+    assert fifth.returncode == 0, fifth.stdout + fifth.stderr
+    assert "samples within one run are not independent" in fifth.stdout
 
 
 # ------------------------------------------------------------ several runs a side (run medians)
