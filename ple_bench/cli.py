@@ -298,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_args(p)
     p.set_defaults(func=run_report)
-    p = sub.add_parser("compare", help="compare two runs; exit 1 on a significant regression")
+    p = sub.add_parser("compare", help="compare runs (BASE CAND, or BASE... --vs CAND...); exit 1 on a significant regression")
     from .report.compare import add_compare_args, run_compare
 
     add_compare_args(p)

@@ -486,6 +486,7 @@ def _measurement_fields(meas) -> dict[str, Any]:
     out = {k: stats.get(k) for k in ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms",
                                        "iqr_ms", "cv", "n_samples", "throttled_samples")}
     out["samples_ms"] = list(meas.samples_ms)
+    out["samples_throttled"] = list(meas.throttled)
     out["timer"] = meas.timer
     clocks = [c for c in meas.sm_clock_mhz if c is not None]
     out["sm_clock_mhz"] = sorted(clocks)[len(clocks) // 2] if clocks else None
@@ -499,8 +500,8 @@ def _slowest_rank(rec: dict[str, Any]) -> dict[str, Any]:
 
     mine = rec.get("median_ms") if rec.get("median_ms") is not None else rec.get("step_ms")
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (mine, rec.get("samples_ms")))
-    medians = [m for m, _ in everyone if m is not None]
+    dist.all_gather_object(everyone, (mine, rec.get("samples_ms"), rec.get("samples_throttled")))
+    medians = [m for m, _, _ in everyone if m is not None]
     out: dict[str, Any] = {"rank_medians_ms": medians}
     if medians:
         worst = max(range(len(everyone)), key=lambda i: everyone[i][0] or -1)
@@ -509,6 +510,7 @@ def _slowest_rank(rec: dict[str, Any]) -> dict[str, Any]:
         if rec.get("median_ms") is not None:
             out["median_ms"] = everyone[worst][0]
             out["samples_ms"] = everyone[worst][1]
+            out["samples_throttled"] = everyone[worst][2]  # the flags of those samples, not this rank's
     return out
 
 

@@ -32,9 +32,25 @@ RECORD_KEYS = (
     "n_samples", "samples_ms",
     "hot_median_ms", "hot_samples_ms",  # warm-L2 measurement
     "graph_median_ms", "graph_samples_ms",  # CUDA-graph replay of the lookup alone
-    "sm_clock_mhz", "throttled_samples",
+    "sm_clock_mhz", "throttled_samples", "samples_throttled",
     "bytes_moved", "rows", "gbps", "rows_per_s", "ceiling", "ceiling_gbps", "pct_of_ceiling",
 )
+
+
+def kept_samples(samples: list[float], throttled: list[bool] | None) -> list[float]:
+    """The samples a record's summary (``median_ms``, ...) is computed from.
+
+    ``samples_ms`` holds every raw sample; ``samples_throttled`` (one bool per
+    sample, same order) flags those taken while the SM clock was throttled.  The
+    summary leaves the flagged ones out -- unless every sample is flagged, then
+    all are kept (``throttled_samples == n_samples`` says so).  Without flags of
+    the same length (records older than the field) every sample is kept.  The
+    one definition: the timer's summary and the compare's samples both use it."""
+    samples = list(samples)
+    if not throttled or len(throttled) != len(samples):
+        return samples
+    kept = [s for s, t in zip(samples, throttled) if not t]
+    return kept if kept else samples
 
 
 def new_run_id(suite: str) -> str:

@@ -516,7 +516,7 @@ STEP_KEYS = (
     "compute_in_step_ms", "compute_in_step_samples_ms", "compute_region_alone_ms",
     "compute_region_alone_samples_ms", "exposed_ms", "compute_slowdown", "overlap_efficiency",
     "offload_overhead", "graph_break_cost_ms", "full_step_ms", "full_step_samples_ms",
-    "compute_matmuls", "compute_target_us", "matmul_us", "median_ms", "samples_ms", "timer",
+    "compute_matmuls", "compute_target_us", "matmul_us", "median_ms", "samples_ms", "samples_throttled", "timer",
     "step_host_sync_ms", "step_host_sync_samples_ms",
 )
 
@@ -651,7 +651,7 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
     exposed = step_ms - compute_ms
     rec.update(
         step_ms=step_ms, step_samples_ms=list(step_m.samples_ms),
-        median_ms=step_ms, samples_ms=list(step_m.samples_ms),
+        median_ms=step_ms, samples_ms=list(step_m.samples_ms), samples_throttled=list(step_m.throttled),
         lookup_ms=lookup_ms, lookup_samples_ms=list(lookup_m.samples_ms),
         compute_ms=compute_ms, compute_samples_ms=list(compute_m.samples_ms),
         compute_in_step_ms=_median(in_step), compute_in_step_samples_ms=in_step,

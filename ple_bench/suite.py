@@ -49,8 +49,9 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   (2^lo .. 2^hi).
 * ``prefetch`` accepts true/false or "on"/"off".  ``ids`` is "uniform",
   "zipf:<a>" (a > 0) or "ngram" / "ngram:<orders>" (see :mod:`ple_bench.workload`).
-  ``impl`` is a registered backend name or an import path "pkg.mod:Class" (only
-  its form is checked here; it is imported when the case runs).
+  ``impl`` is a registered backend name or an import path "pkg.mod:Class"; an
+  import path is imported when the suite is loaded and must name a subclass of
+  ``ple_bench.backends.PLEEmbedding`` (otherwise the suite is bad: exit 2).
 * The cases of a group are the product of its axes (and of its ``variants``,
   each a table of axes that go together).  They are ordered so that cases sharing
   a table (same impl, topology, dtype, dim, vocab, seed) are adjacent.
@@ -364,9 +365,24 @@ def _impl(v: Any) -> str:
     from .backends.registry import backend_names
 
     names = backend_names()
-    if isinstance(v, str) and (v in names or _IMPORT_PATH.match(v)):
+    if isinstance(v, str) and v in names:
+        return v
+    if isinstance(v, str) and _IMPORT_PATH.match(v):
+        _check_import_path(v)
         return v
     raise _Bad(f"unknown impl {v!r}; allowed: {', '.join(names)} or an import path 'package.module:Class'")
+
+
+def _check_import_path(path: str) -> None:
+    """Import ``package.module:Class`` now: a plug-in backend that does not import, or is not a
+    ``PLEEmbedding`` subclass, is a bad suite (exit 2), not a case skipped at run time."""
+    from .backends.registry import get_backend
+
+    try:
+        get_backend(path)
+    except Exception as exc:  # noqa: BLE001  (a module may raise anything while importing)
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise _Bad(f"impl {path!r} does not load as a backend: {why}") from None
 
 
 def _kernel(v: Any) -> str:

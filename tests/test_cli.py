@@ -134,7 +134,7 @@ def test_bad_suite_exit_2_and_nothing_runs(tmp_path):
 
 def test_failures_are_isolated_and_recorded(tmp_path):
     impls = ["device", "tests.plugin_backends:WrongRowsBackend", "tests.plugin_backends:RaisingBackend",
-             "tests.plugin_backends:CrashingBackend", "tests.plugin_backends:NotABackend"]
+             "tests.plugin_backends:CrashingBackend"]
     suite = write_suite(tmp_path, impls)
     proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -146,8 +146,24 @@ def test_failures_are_isolated_and_recorded(tmp_path):
     assert raising["status"] == "failed" and "planted failure" in raising["reason"]
     crash = recs["tests.plugin_backends:CrashingBackend"]
     assert crash["status"] == "failed" and "died" in crash["reason"]
-    assert recs["tests.plugin_backends:NotABackend"]["status"] == "skipped"
-    assert "PLEEmbedding" in recs["tests.plugin_backends:NotABackend"]["reason"]
+    assert set(recs) == set(impls)
+
+
+@pytest.mark.parametrize("impl, why", [
+    ("tests.plugin_backends:NotABackend", "not a subclass of ple_bench.backends.PLEEmbedding"),
+    ("tests.no_such_module:Backend", "cannot import backend module 'tests.no_such_module'"),
+])
+def test_bad_impl_import_path_exits_2_before_running(tmp_path, impl, why):
+    """A plug-in backend that does not load is bad input (exit 2 at suite load, naming the group
+    and the path), not a case recorded "skipped" in a run that exits 0."""
+    suite = write_suite(tmp_path, ["device", impl])
+    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{suite}: [[group]] #1 ('g'): key 'impl'" in proc.stderr
+    assert repr(impl) in proc.stderr and why in proc.stderr
+    assert not (tmp_path / "res").exists()  # nothing ran, not even the good impl
+    proc = cli("list", "--suite", str(suite))
+    assert proc.returncode == 2 and repr(impl) in proc.stderr
 
 
 def test_resume_runs_only_missing_cases(tmp_path):

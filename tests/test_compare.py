@@ -3,16 +3,19 @@ unmatched cases, HTML diff, and the nightly script end to end."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from ._fake_runs import write_gpu_run
+from ._fake_runs import CEILINGS, gpu_meta, lookup_record, write_gpu_run, write_run
 from ple_bench.case import Case
 from ple_bench.report.compare import compare_case, compare_main, compare_runs
 from ple_bench.results import load_records
@@ -169,18 +172,23 @@ def test_unmatched_and_broken_cases(tmp_path):
 
 @pytest.mark.slow
 def test_nightly_script_end_to_end(tmp_path):
-    """scripts/nightly.sh with a stand-in run command: no baseline, start one, then a regression."""
+    """scripts/nightly.sh with a stand-in run command (3 runs a night): no baseline, start one from a
+    night's runs, a night with a planted regression (run medians, 3 vs 3), a night accepted into the
+    baseline, and the older one-run baseline with one run a night (pooled, with the caveat)."""
     maker = tmp_path / "fake_run.py"
     maker.write_text(
         "import os, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from pathlib import Path\n"
         "from tests._fake_runs import write_gpu_run\n"
         f"from tests.test_compare import lookups, slower, TARGET\n"
         "n = int(os.environ['NIGHT'])\n"
+        "res = Path(os.environ['PLE_BENCH_RESULTS'])\n"
+        "k = len(list(res.glob(f'2026113{n}-*'))) + 1\n"
         "factor = slower(TARGET.case_id, 1.2) if n == 3 else None\n"
-        "write_gpu_run(os.environ['PLE_BENCH_RESULTS'], f'2026113{n}-020000-nightly-000{n}', seed=n,\n"
+        "write_gpu_run(res, f'2026113{n}-0200{k}0-nightly-000{n}', seed=10 * n + k,\n"
         "              only=lookups, include_broken=False, factor=factor,\n"
-        "              started_at=f'2026-11-3{n}T02:00:00+00:00')\n")
+        "              started_at=f'2026-11-3{n}T02:0{k}:00+00:00')\n")
     env = dict(os.environ, PLE_BENCH_PYTHON=sys.executable, PLE_BENCH_RESULTS=str(tmp_path / "results"),
                PLE_BENCH_REPORTS=str(tmp_path / "reports"), PLE_BENCH_RUN_CMD=f"{sys.executable} {maker}",
                PYTHONPATH=str(REPO))
@@ -189,18 +197,178 @@ def test_nightly_script_end_to_end(tmp_path):
         return subprocess.run(["bash", str(REPO / "scripts" / "nightly.sh")], env=dict(env, NIGHT=str(n), **extra),
                               capture_output=True, text=True, timeout=300)
 
+    def night_runs(n: int) -> list[str]:
+        return [f"2026113{n}-0200{k}0-nightly-000{n}" for k in (1, 2, 3)]
+
+    baseline = tmp_path / "results" / "baseline"
+
+    def baseline_runs() -> list[str]:
+        assert baseline.is_dir() and not baseline.is_symlink()
+        links = sorted(baseline.iterdir())
+        assert all(p.is_symlink() for p in links)
+        return [p.resolve().name for p in links]
+
     first = night(1)
     assert first.returncode == 2 and "no baseline" in first.stderr
-    # A later night: the baseline is started from it; then a night with a planted regression.
+    # A later night: the baseline is started from its three runs; then a night with a planted regression.
     second = night(2, PLE_BENCH_INIT_BASELINE="1")
     assert second.returncode == 0, second.stderr
-    baseline = tmp_path / "results" / "baseline"
-    assert baseline.is_symlink() and baseline.resolve().name == "20261132-020000-nightly-0002"
+    assert baseline_runs() == night_runs(2)
     third = night(3)
     assert third.returncode == 1, third.stdout + third.stderr
-    assert re.search(rf"^regression .*{re.escape(TARGET.case_id)}$", third.stdout, re.M)
-    new = tmp_path / "results" / "20261133-020000-nightly-0003"
+    assert re.search(rf"^regression .* 3/3  {re.escape(TARGET.case_id)}$", third.stdout, re.M)
+    assert "run medians of 3 vs 3 runs" in third.stdout and "not independent" not in third.stdout
+    assert baseline_runs() == night_runs(2)  # a failing night does not move the baseline
+    new = tmp_path / "results" / night_runs(3)[-1]
     assert (new / "pytest-benchmark.json").exists()
     report = (tmp_path / "reports" / new.name / "index.html").read_text()
-    assert "Trend over 3 runs" in report  # nights 1-3; the baseline symlink is not counted twice
-    assert (tmp_path / "reports" / f"compare-20261132-020000-nightly-0002-vs-{new.name}.html").exists()
+    assert "Trend over 9 runs" in report  # 3 nights x 3 runs; the baseline's symlinks are not counted
+    assert (tmp_path / "reports" / f"compare-{night_runs(2)[0]}+2-vs-{night_runs(3)[0]}+2.html").exists()
+    # An accepted night: it passes against the old baseline and becomes the baseline.
+    fourth = night(4, PLE_BENCH_ACCEPT="1")
+    assert fourth.returncode == 0, fourth.stdout + fourth.stderr
+    assert baseline_runs() == night_runs(4)
+    assert all((tmp_path / "results" / name / "meta.json").exists() for name in night_runs(2))  # runs kept
+    # The older layout: a baseline that is one run directory, one run a night: pooled samples, said so.
+    fifth = night(5, PLE_BENCH_RUNS="1", PLE_BENCH_BASELINE=str(tmp_path / "results" / night_runs(4)[0]))
+    assert fifth.returncode == 0, fifth.stdout + fifth.stderr
+    assert "samples within one run are not independent" in fifth.stdout
+
+
+# ------------------------------------------------------------ several runs a side (run medians)
+
+def run_offsets(seed: int, cv: float):
+    """A factor giving every case its own run-level offset (log-normal, ``cv``): what a run's table
+    allocation or machine state does to all of that run's samples at once."""
+    rng = np.random.default_rng(seed)
+    sigma = math.sqrt(math.log(1 + cv * cv))
+    return lambda case: float(rng.lognormal(0.0, sigma))
+
+
+def runs(tmp_path, prefix: str, seeds, factor=None, run_cv: float = 0.0, **kw) -> list[Path]:
+    out = []
+    for seed in seeds:
+        offsets = run_offsets(1000 + seed, run_cv) if run_cv else (lambda case: 1.0)
+        planted = factor or (lambda case: 1.0)
+        out.append(write_gpu_run(tmp_path / "results", f"{prefix}{seed}", seed=seed, only=lookups,
+                                 factor=lambda case, o=offsets, p=planted: o(case) * p(case), **kw))
+    return out
+
+
+def test_three_vs_three_real_shift_is_a_regression(tmp_path):
+    base = runs(tmp_path, "base", (1, 2, 3), run_cv=0.01)
+    cand = runs(tmp_path, "cand", (4, 5, 6), run_cv=0.01, factor=slower(TARGET.case_id, 1.2))
+    result = compare_runs(base, cand)
+    assert result.mode == "runs" and result.alpha == 0.05
+    assert [c.case_id for c in result.regressions] == [TARGET.case_id]
+    assert {c.verdict for c in result.cases if c.case_id != TARGET.case_id} == {"same"}
+    reg = result.regressions[0]
+    assert reg.basis == "runs" and reg.n_baseline == reg.n_candidate == 3 and 15 < reg.change_pct < 25
+    # The p-value is scipy's one-sided exact test on the run medians (complete separation: 1/20).
+    medians = {side: [statistics.median(next(r for r in load_records(d) if r["case_id"] == TARGET.case_id)
+                                        ["samples_ms"]) for d in dirs] for side, dirs in (("b", base), ("c", cand))}
+    assert reg.p_value == pytest.approx(mannwhitneyu(medians["b"], medians["c"], alternative="less").pvalue)
+    assert reg.p_value == pytest.approx(0.05)
+    assert reg.baseline_ms == pytest.approx(statistics.median(medians["b"]))
+    reports = tmp_path / "reports"
+    code, out = run_cli(*map(str, base), "--vs", *map(str, cand), "--reports-dir", str(reports))
+    assert code == 1 and "FAIL" in out and "run medians of 3 vs 3 runs" in out
+    line = next(l for l in out.splitlines() if TARGET.case_id in l)
+    assert line.startswith("regression") and " 3/3 " in line
+    assert "not independent" not in out  # the caveat is for pooled samples only
+    html = (reports / "compare-base1+2-vs-cand4+2.html").read_text()
+    assert "verdict-regression" in html and "one-sided exact Mann" in html and "not independent" not in html
+
+
+def test_three_vs_three_noise_only_passes(tmp_path):
+    """No code change, only run-level noise: each run's own small offset per case, and one candidate
+    run 15% slow in every case (a bad table allocation, a busy host).  Its samples against one baseline
+    run's call every case a regression; the median of 3 run medians is not moved by one bad run."""
+    base = runs(tmp_path, "base", (1, 2, 3), run_cv=0.01)
+    bad_run = runs(tmp_path, "cand", (4,), run_cv=0.01, factor=lambda case: 1.15)
+    cand = bad_run + runs(tmp_path, "cand", (5, 6), run_cv=0.01)
+    pooled = compare_runs(base[0], cand[0])
+    assert pooled.mode == "samples" and len(pooled.regressions) == len(pooled.cases)  # the caveat, shown
+    result = compare_runs(base, cand)
+    assert result.mode == "runs" and not result.regressions and not result.improvements
+    assert len(result.cases) == len(pooled.cases) and result.exit_code == 0
+    code, out = run_cli(*map(str, base), "--vs", *map(str, cand), "--reports-dir", str(tmp_path / "reports"))
+    assert code == 0 and "PASS" in out
+
+
+def test_alpha_below_the_run_count_floor_is_said(tmp_path):
+    base = runs(tmp_path, "base", (1, 2, 3))
+    cand = runs(tmp_path, "cand", (4, 5, 6), factor=slower(TARGET.case_id, 1.2))
+    result = compare_runs(base, cand, alpha=0.01)
+    assert not result.regressions and result.exit_code == 0
+    assert next(c for c in result.cases if c.case_id == TARGET.case_id).verdict == "noisy"
+    assert any("smallest p" in w and "3 vs 3" in w for w in result.warnings)
+    # 4 vs 4 runs go below it (1/70): the same shift is called at alpha 0.02.
+    more = compare_runs(base + runs(tmp_path, "base", (7,)), cand + runs(tmp_path, "cand", (8,),
+                        factor=slower(TARGET.case_id, 1.2)), alpha=0.02)
+    assert [c.case_id for c in more.regressions] == [TARGET.case_id] and not more.warnings
+
+
+def test_single_run_output_says_samples_are_not_independent(tmp_path):
+    base = write_gpu_run(tmp_path / "results", "base", seed=1, only=lookups)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=2, only=lookups)
+    reports = tmp_path / "reports"
+    code, out = run_cli(str(base), str(cand), "--reports-dir", str(reports))
+    assert code == 0
+    assert "samples within one run are not independent" in out and "p-value on pooled samples is optimistic" in out
+    assert "not independent" in (reports / "compare-base-vs-cand.html").read_text()
+    # Two runs a side are still pooled (and still say so); --vs with one run a side is the same as BASE CAND.
+    two = compare_runs(runs(tmp_path, "b", (1, 2)), runs(tmp_path, "c", (3, 4)))
+    assert two.mode == "samples" and two.caveat and {c.n_baseline for c in two.cases} == {60}
+    code_vs, out_vs = run_cli(str(base), "--vs", str(cand), "--reports-dir", str(reports))
+    assert code_vs == 0 and "not independent" in out_vs
+
+
+def test_several_runs_without_vs_is_bad_usage(tmp_path):
+    a, b, c = runs(tmp_path, "r", (1, 2, 3))
+    code, out = run_cli(str(a), str(b), str(c), "--reports-dir", str(tmp_path / "reports"))
+    assert code == 2 and "--vs" in out
+    code, out = run_cli(str(a), str(b), str(c), "--vs", str(a), str(tmp_path / "missing"), str(c))
+    assert code == 2 and "no such run directory" in out
+
+
+# ------------------------------------------------------------ throttled samples
+
+def _throttled_run(results: Path, run_id: str, seed: int, n_throttled: int, flags: bool = True) -> Path:
+    """One lookup case: 30 good samples around 1 ms, plus ``n_throttled`` samples at 1.5 ms taken
+    while the SM clock was throttled; ``median_ms`` is over the good ones, as the timer stores it."""
+    rng = np.random.default_rng(seed)
+    good = list(1.0 * rng.lognormal(0, 0.01, 30))
+    slow = list(1.5 * rng.lognormal(0, 0.01, n_throttled))
+    rec = lookup_record(TARGET, good, "h2d_gbps", CEILINGS)
+    rec.update(samples_ms=good + slow, throttled_samples=n_throttled, n_samples=30,
+               median_ms=statistics.median(good))
+    rec["samples_throttled"] = [False] * 30 + [True] * n_throttled if flags else None
+    return write_run(results, run_id, gpu_meta(run_id), [rec])
+
+
+def test_throttled_samples_are_excluded_consistently(tmp_path):
+    res = tmp_path / "results"
+    base = _throttled_run(res, "base", 1, 0)
+    cand = _throttled_run(res, "cand", 2, 30)  # half its samples throttled and 50% slower
+    stored = next(r for r in load_records(cand))
+    (c,) = compare_runs(base, cand).cases
+    # The median shown is the run's own median_ms, and the test saw exactly those 30 samples.
+    assert c.verdict == "same" and c.n_candidate == 30 and c.candidate_ms == pytest.approx(stored["median_ms"])
+    good = stored["samples_ms"][:30]
+    base_samples = next(r for r in load_records(base))["samples_ms"]
+    assert c.p_value == pytest.approx(mannwhitneyu(base_samples, good, alternative="two-sided").pvalue)
+    # Run medians drop them too (each run's median is over its unthrottled samples).
+    bases = [_throttled_run(res, f"b{i}", 10 + i, 0) for i in range(3)]
+    cands = [_throttled_run(res, f"c{i}", 20 + i, 30) for i in range(3)]
+    (r,) = compare_runs(bases, cands).cases
+    assert r.verdict == "same" and abs(r.change_pct) < 2
+    # An old record counts throttled samples without flagging them: median and test both use every
+    # sample (so they still agree with each other), and the output says so.
+    old = _throttled_run(res, "old", 2, 30, flags=False)
+    result = compare_runs(base, old)
+    (o,) = result.cases
+    assert o.n_candidate == 60 and o.candidate_ms == pytest.approx(statistics.median(
+        next(r for r in load_records(old))["samples_ms"]))
+    assert o.verdict == "regression"
+    assert any("do not flag" in w or "does not flag" in w for w in result.warnings)

@@ -292,10 +292,10 @@ def test_equivalent_spellings_give_one_case(tmp_path):
 def test_impl_import_path_is_accepted(tmp_path):
     cases = cases_of(tmp_path, """
         [[group]]
-        impl = ["device", "my_pkg.backends:FastPLE"]
+        impl = ["device", "tests.plugin_backends:WrongRowsBackend"]
         kernel = ["", "torch_masked"]
     """)
-    assert {c.impl for c in cases} == {"device", "my_pkg.backends:FastPLE"} and len(cases) == 4
+    assert {c.impl for c in cases} == {"device", "tests.plugin_backends:WrongRowsBackend"} and len(cases) == 4
 
 
 # ------------------------------------------------------------------ case ids
@@ -358,6 +358,14 @@ BAD = [
     ("graph = 'partial'", ["key 'graph'", "unknown graph mode 'partial'", "eager, breakable, full"]),
     ("kind = 'train'", ["key 'kind'", "'train'", "lookup, step"]),
     ("impl = 'nosuch'", ["key 'impl'", "'nosuch'", "device", "pinned_uva", "package.module:Class"]),
+    # an import path is imported at load: one that does not import is a bad suite, never a skipped case
+    ("impl = 'tests.no_such_module:X'", ["key 'impl'", "'tests.no_such_module:X'", "does not load",
+                                         "cannot import backend module 'tests.no_such_module'"]),
+    ("impl = 'tests.plugin_backends:Missing'", ["key 'impl'", "'tests.plugin_backends:Missing'",
+                                                "has no attribute 'Missing'"]),
+    ("impl = 'tests.plugin_backends:NotABackend'", ["key 'impl'", "'tests.plugin_backends:NotABackend'",
+                                                    "not a subclass of ple_bench.backends.PLEEmbedding"]),
+    ("impl = ['device', 'tests.plugin_backends:NotABackend']", ["key 'impl'", "NotABackend", "PLEEmbedding"]),
     ("kernel = 'fastest'", ["key 'kernel'", "'fastest'", "torch_masked"]),
     ("prefetch = 'maybe'", ["key 'prefetch'", "'on', 'off'"]),
     ("ids = 'zipf:0'", ["key 'ids'", "a > 0"]),
@@ -409,6 +417,19 @@ def test_bad_group_is_one_clear_error(tmp_path, body, expected):
     for part in expected:
         assert part in message, (part, message)
     assert "[[group]] #1 ('g')" in message  # the place in the file
+
+
+def test_impl_import_path_is_imported_at_load(tmp_path, monkeypatch):
+    """A plug-in backend is imported when the suite loads: one whose module raises while importing
+    is a SuiteError naming the file, the group and the import path."""
+    (tmp_path / "exploding_backend.py").write_text("raise RuntimeError('planted import-time failure')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write(tmp_path, "[[group]]\nname = 'mine'\nimpl = 'exploding_backend:Backend'\n", name="bad.toml")
+    with pytest.raises(SuiteError) as info:
+        load_suite(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: [[group]] #1 ('mine'): key 'impl'")
+    assert "'exploding_backend:Backend'" in message and "planted import-time failure" in message
 
 
 BAD_SUITE = [

@@ -51,6 +51,7 @@ from typing import Any, Callable
 import torch
 
 from ..annotate import annotate
+from ..results import kept_samples
 from .clocks import ClockSampler
 from .l2 import get_flusher
 from .stats import relative_noise, summarize
@@ -193,11 +194,7 @@ class Measurement:
         With ``drop_throttled`` throttled samples are left out -- unless all
         are throttled, then all are kept (``dropped_samples`` is 0 and
         ``throttled_samples == n_samples`` says so)."""
-        keep = self.samples_ms
-        if drop_throttled:
-            kept = [s for s, t in zip(self.samples_ms, self.throttled) if not t]
-            if kept:
-                keep = kept
+        keep = kept_samples(self.samples_ms, self.throttled) if drop_throttled else self.samples_ms
         st = summarize(keep)
         noise = relative_noise(keep)
         clocks = sorted(c for c in self.sm_clock_mhz if c is not None)

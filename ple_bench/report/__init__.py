@@ -1,7 +1,7 @@
 """Reports and comparisons of stored runs (never measures).
 
 - :func:`build_report` (html.py): ``reports/<run_id>/index.html``, self-contained.
-- :func:`compare_runs` (compare.py): baseline vs candidate, threshold + Mann-Whitney U.
+- :func:`compare_runs` (compare.py): baseline vs candidate runs (one or several a side), threshold + Mann-Whitney U.
 - findings.py: plain-word findings; plots.py: matplotlib (Agg) PNGs inlined as base64;
   data.py: tolerant loading of run directories and grouping helpers.
 

@@ -15,7 +15,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ple_bench.report")
     sub = parser.add_subparsers(dest="verb", required=True)
     add_report_args(sub.add_parser("report", help="HTML report of a stored run"))
-    add_compare_args(sub.add_parser("compare", help="compare two stored runs"))
+    add_compare_args(sub.add_parser("compare", help="compare stored runs (BASE CAND, or BASE... --vs CAND...)"))
     args = parser.parse_args(argv)
     return run_report(args) if args.verb == "report" else run_compare(args)
 

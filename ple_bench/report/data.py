@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..results import load_meta, load_records
+from ..results import kept_samples, load_meta, load_records
 
 # Case axes, in the order a person reads them.  ``seed`` and ``extra`` are
 # not varied axes for plotting purposes (extra is shown in the table).
@@ -165,7 +165,7 @@ def normalize(record: dict[str, Any]) -> dict[str, Any]:
     if num(r.get("table_bytes")) is None and num(r.get("row_bytes")) is not None and num(r.get("vocab_size")) is not None:
         r["table_bytes"] = int(r["row_bytes"]) * int(r["vocab_size"])
     if num(r.get("median_ms")) is None:
-        samples = samples_of(r)
+        samples = measured_samples(r)
         if samples:
             r["median_ms"] = statistics.median(samples)
         elif num(r.get("step_ms")) is not None:
@@ -193,6 +193,32 @@ def samples_of(record: dict[str, Any]) -> list[float]:
             if out:
                 return out
     return []
+
+
+def measured_samples(record: dict[str, Any]) -> list[float]:
+    """The samples a record's median stands for: :func:`samples_of` without those its
+    ``samples_throttled`` flags (the rule is :func:`ple_bench.results.kept_samples`, the
+    one the timer's summary uses).  Without per-sample flags, every sample."""
+    for key in ("samples_ms", "step_samples_ms"):
+        values = record.get(key)
+        if not isinstance(values, (list, tuple)) or not values:
+            continue
+        flags = record.get("samples_throttled")
+        if not isinstance(flags, (list, tuple)) or len(flags) != len(values):
+            flags = [False] * len(values)
+        pairs = [(f, bool(t)) for f, t in ((num(v), t) for v, t in zip(values, flags)) if f is not None]
+        if pairs:
+            return kept_samples([f for f, _ in pairs], [t for _, t in pairs])
+    return []
+
+
+def unflagged_throttled(record: dict[str, Any]) -> bool:
+    """True when the record counts throttled samples (``throttled_samples`` > 0) but does not flag
+    which ones (no ``samples_throttled`` of the samples' length: runs older than that field)."""
+    if (num(record.get("throttled_samples")) or 0) <= 0:
+        return False
+    flags, values = record.get("samples_throttled"), record.get("samples_ms") or record.get("step_samples_ms")
+    return not (isinstance(flags, (list, tuple)) and isinstance(values, (list, tuple)) and len(flags) == len(values))
 
 
 def topology(record: dict[str, Any]) -> tuple[int, int, int]:
