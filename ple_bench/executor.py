@@ -373,6 +373,7 @@ class CaseExecutor:
         from . import measure as m
 
         out: dict[str, Any] = {}
+        ids = backend.device_ids(ids)  # the collectives take device tensors
         slot = backend._slot(ids.shape[0], counts)
         if backend.topology.replicas > 1:
             g = m.measure(lambda: backend._gather_ids(ids, slot), device=self.device, policy=pol,

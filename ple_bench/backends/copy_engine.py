@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 from typing import Any
 
@@ -99,6 +100,8 @@ def load_raw_batch() -> tuple[Any | None, str]:
     """``(fn, note)``: ctypes ``cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs,
     attrsIdxs, numAttrs, stream)`` of the loaded libcudart when it is CUDA >= 13
     (whose batch call has these eight arguments), else ``(None, why)``."""
+    if os.environ.get("PLE_BENCH_RAW_BATCH") == "0":
+        return None, "disabled by PLE_BENCH_RAW_BATCH=0"
     path = _loaded_libcudart()
     if path is None:
         return None, "no libcudart loaded in this process"
