@@ -12,6 +12,24 @@ This format is a public interface (nightly CI and dashboards parse it):
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
 invalid), ``reason``, every axis of :class:`~ple_bench.case.Case` under its own
 name, and (``None`` where not measured) the keys in :data:`RECORD_KEYS`.
+
+``timer``: ``cuda_event`` (events around calls queued behind a launch-hiding
+spin), ``host_sync`` (each sample one synchronized call on the host clock: for
+backends that declare ``blocks_host`` and for steps with ``ids_on = "host"``;
+the events' time of the same calls is in ``event_samples_ms`` /
+``step_event_samples_ms``) or ``host_monotonic`` (functional mode).
+
+Host paths (backends that declare ``reads_ids_on_host``) also carry the
+host-gather ceiling of their table and row count (``meta.json``:
+``ceilings["host_gather"]["<table bytes>:<rows>:<row bytes>"]``):
+``host_gather_ceiling_ms`` (ms per gather), ``host_gather_ceiling_rows_per_s``
+(rows/s), and their share of it, in percent of its rows/s:
+``pct_of_host_gather_ceiling`` (lookups, from ``median_ms``) or
+``lookup_pct_of_host_gather_ceiling`` (steps, from ``lookup_ms``).  Resident
+(``device``) steps timed by ``cuda_event`` also carry ``step_host_sync_ms``
+(the same step, host-sync timer): the like-for-like baseline of host-blocking
+paths; ``offload_baseline`` / ``offload_baseline_timer`` name the resident step
+that ``offload_overhead`` is measured against.
 """
 
 from __future__ import annotations
