@@ -38,6 +38,7 @@ class RunOptions:
     report: bool = True
     nvtx: bool = True
     profile_window: bool = False
+    torch_trace: int | None = None  # record a torch.profiler trace of N samples per window, per case
     functional_note: str = ""
     argv: list[str] = field(default_factory=list)
     quiet: bool = False  # no messages (torchrun ranks other than 0)
@@ -364,6 +365,9 @@ class _Executor:
             self.close()
             return self._record(case, "failed", f"could not start {world} worker(s): {exc}")
         options = {"nvtx": self.options.nvtx, "profile_window": self.options.profile_window}
+        if self.options.torch_trace:
+            options["torch_trace"] = {"max_samples": self.options.torch_trace,
+                                      "path": str(self.writer.run_dir / torch_trace_name(case.case_id))}
         started = time.perf_counter()
         try:
             reply = pool.request(("case", case.axes(), policy_dict(policy), options),
@@ -573,6 +577,12 @@ class _Executor:
             self.abort_reason = (f"the process group is broken after the failure of {case.case_id} ("
                                  + "; ".join(broken) + "); ending the run. Records so far are kept; "
                                  "continue with torchrun ... -m ple_bench run --resume RUN_DIR")
+
+
+def torch_trace_name(case_id: str, rank: int = 0) -> str:
+    """The file name of a case's torch.profiler trace in its run folder (``run --torch-trace``)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in case_id)
+    return f"trace_{safe}.json" if rank == 0 else f"trace_{safe}.rank{rank}.json"
 
 
 def _is_collective_error(reason: str) -> bool:
