@@ -1,0 +1,171 @@
+"""``profile --tool torch`` / ``run --torch-trace``: a torch.profiler (Kineto) trace of
+a case's measurement windows, the phases as named ranges, written as Chrome /
+Perfetto trace JSON in the run folder.  On a CPU-only machine (functional mode)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from ple_bench import annotate as annotate_mod
+from ple_bench.annotate import annotate
+from ple_bench.measure import TimingPolicy, measure, run_sampling
+from ple_bench.measure.profiler import TorchTrace, set_torch_trace, torch_trace_case, torch_trace_window
+from ple_bench.measure.stopping import SampleCount, Stopper
+from ple_bench.runner import torch_trace_name
+from ple_bench.suite import load_suite
+from tests.test_cli import cli
+
+SAMPLES = 4
+
+
+def _smoke_case(**want) -> str:
+    for case in load_suite("smoke").cases:
+        if all(getattr(case, k) == v for k, v in want.items()):
+            return case.case_id
+    raise AssertionError(f"no smoke case with {want}")
+
+
+def _ranges(trace: dict) -> Counter:
+    """Named ranges (record_function / annotate) of a trace, with their counts."""
+    return Counter(e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation")
+
+
+def _profile(tmp_path: Path, case_id: str) -> tuple[dict, Path, str]:
+    proc = cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--samples", str(SAMPLES),
+               "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    printed = re.search(r"^trace: (\S+) ", proc.stdout, re.M)
+    assert printed, proc.stdout
+    path = Path(printed.group(1))
+    assert path.name == torch_trace_name(case_id)
+    assert path.parent.parent == tmp_path  # results/<run_id>/trace_<case_id>.json
+    assert (path.parent / "records.jsonl").exists() and (path.parent / "meta.json").exists()
+    assert "ui.perfetto.dev" in proc.stdout and "chrome://tracing" in proc.stdout
+    trace = json.loads(path.read_text())
+    assert isinstance(trace["traceEvents"], list) and trace["traceEvents"]
+    assert path.stat().st_size < 5e6
+    return trace, path, proc.stdout
+
+
+def test_profile_torch_prefetch_lookup_case(tmp_path):
+    case_id = _smoke_case(kind="lookup", impl="pinned_uva", prefetch=True, ids="uniform", world_size=1,
+                          kernel="")
+    trace, path, _ = _profile(tmp_path, case_id)
+    names = _ranges(trace)
+    # the phases of the measured call, as named ranges; one pair per recorded sample
+    assert names["prefetch_start"] >= SAMPLES and names["prefetch_finalize"] >= SAMPLES, names
+    assert names["measurement lookup"] == 1  # the CPU run measures one warm lookup
+    # only the sampling window: nothing of the warm-up, the gate or the table fill
+    assert not {"warmup", "table_fill", f"case {case_id}"} & set(names), names
+    windows = trace["ple_bench"]["windows"]
+    assert [w["label"] for w in windows] == ["lookup"] and windows[0]["samples"] == SAMPLES
+    rec = json.loads((path.parent / "records.jsonl").read_text().splitlines()[0])
+    assert rec["status"] == "ok" and rec["case_id"] == case_id
+
+
+def test_profile_torch_step_case(tmp_path):
+    case_id = _smoke_case(kind="step", impl="pinned_uva", prefetch=True, graph="eager", kernel="")
+    trace, _, _ = _profile(tmp_path, case_id)
+    names = _ranges(trace)
+    for phase in ("decode_step", "compute", "prefetch_start", "prefetch_finalize", "step_lookup",
+                  "step_compute"):
+        assert names[phase] >= 1, (phase, names)
+    # the step window records exactly SAMPLES steps, however the sampler batches them
+    assert names["decode_step"] == SAMPLES and names["step_lookup"] == SAMPLES
+    assert {w["label"] for w in trace["ple_bench"]["windows"]} == {"step", "step_lookup", "step_compute"}
+    assert "warmup" not in names
+
+
+def test_profile_torch_dry_run_runs_nothing(tmp_path):
+    case_id = _smoke_case(kind="lookup", impl="device", prefetch=False, dtype="bf16", ids="uniform",
+                          world_size=1, kernel="")
+    proc = cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--dry-run",
+               "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "run --suite" in proc.stdout and "--torch-trace 10 --samples 10" in proc.stdout
+    assert f"{tmp_path}/<run_id>/trace_{case_id}.json" in proc.stdout
+    assert not list(tmp_path.iterdir())
+    proc = cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--dry-run",
+               "--metrics", "gpu__time_duration.sum")
+    assert proc.returncode == 2 and "ncu options" in proc.stderr
+
+
+def test_run_torch_trace_rejects_zero(tmp_path):
+    proc = cli("run", "--suite", "smoke", "--case", "lookup.device.*", "--torch-trace", "0",
+               "--results-dir", str(tmp_path))
+    assert proc.returncode == 2 and "--torch-trace" in proc.stderr
+
+
+# ---------------------------------------------------------------- in-process units
+def test_annotate_emits_torch_ranges_only_while_a_window_records(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    assert not annotate_mod.torch_ranges_enabled()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with annotate("outside_window"):
+            torch.ones(2).sum()
+    assert "outside_window" not in {e.name for e in prof.events()}  # no cost when not profiling
+
+    pol = TimingPolicy(warmup_ms=0, min_samples=3, max_samples=3, min_time_s=0, max_time_s=5, max_noise=0,
+                       cold_l2=False, hot=False, graph=False)
+
+    def fn():
+        with annotate("my_phase"):
+            torch.ones(4).sum()
+
+    out = tmp_path / "t.json"
+    with torch_trace_case(out, 10):
+        measure(fn, device="cpu", policy=pol, label="mine")
+    assert not annotate_mod.torch_ranges_enabled()  # switched off after the window
+    names = _ranges(json.loads(out.read_text()))
+    assert names["my_phase"] == 3 and names["measurement mine"] == 1
+
+
+def test_window_records_at_most_max_samples_and_merges_windows(tmp_path):
+    calls: list[int] = []
+
+    def take_batch(k: int):
+        calls.append(k)
+        for _ in range(k):
+            with annotate("sample"):
+                torch.ones(1).add_(1)
+        return [1.0] * k, None
+
+    out = tmp_path / "merged.json"
+    with torch_trace_case(out, 5) as trace:
+        for label in ("first", "second"):
+            with torch_trace_window(label) as wrap:
+                res = run_sampling(wrap(take_batch), Stopper([SampleCount(12)]), max_samples=12, batch_size=8)
+            assert len(res.samples_ms) == 12  # the phase still takes all its samples
+    assert calls == [5, 3, 4] * 2  # the batch that passes the limit is split at it
+    data = json.loads(out.read_text())
+    names = _ranges(data)
+    assert names["sample"] == 10 and names["measurement first"] == names["measurement second"] == 1
+    assert [w["samples"] for w in data["ple_bench"]["windows"]] == [5, 5]
+    assert len(trace.windows) == 2
+    meta = [e for e in data["traceEvents"] if e.get("ph") == "M" and e.get("name") == "process_name"]
+    assert len(meta) == 1  # the second session's process metadata is not repeated
+
+
+def test_no_trace_without_a_window(tmp_path):
+    out = tmp_path / "none.json"
+    with torch_trace_case(out, 5):
+        pass
+    assert not out.exists()
+    assert TorchTrace(3).write(out) is None
+    with torch_trace_window("off") as wrap:  # no trace collecting: the identity
+        assert wrap(len) is len
+    set_torch_trace(None)
+
+
+def test_torch_trace_name_is_a_plain_file_name():
+    assert torch_trace_name("a.b-c") == "trace_a.b-c.json"
+    assert torch_trace_name("x/y:z", rank=1) == "trace_x_y_z.rank1.json"
+    with pytest.raises(ValueError):
+        TorchTrace(0)
