@@ -69,9 +69,15 @@ def test_profile_torch_prefetch_lookup_case(tmp_path):
     assert rec["status"] == "ok" and rec["case_id"] == case_id
 
 
-def test_profile_torch_step_case(tmp_path):
+@pytest.fixture(scope="module")
+def step_trace(tmp_path_factory) -> dict:
+    """``profile --tool torch`` of the smoke suite's eager pinned_uva prefetch step (run once)."""
     case_id = _smoke_case(kind="step", impl="pinned_uva", prefetch=True, graph="eager", kernel="")
-    trace, _, _ = _profile(tmp_path, case_id)
+    return _profile(tmp_path_factory.mktemp("step"), case_id)[0]
+
+
+def test_profile_torch_step_case(step_trace):
+    trace = step_trace
     names = _ranges(trace)
     for phase in ("decode_step", "compute", "prefetch_start", "prefetch_finalize", "step_lookup",
                   "step_compute"):
@@ -169,3 +175,59 @@ def test_torch_trace_name_is_a_plain_file_name():
     assert torch_trace_name("x/y:z", rank=1) == "trace_x_y_z.rank1.json"
     with pytest.raises(ValueError):
         TorchTrace(0)
+
+
+# ------------------------------------------- scripts/gpu/torch_trace_check.py's analysis
+def _check_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "torch_trace_check.py"
+    spec = importlib.util.spec_from_file_location("torch_trace_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _gpu_like_trace(lookup_stream: int) -> dict:
+    """A Kineto-shaped trace of one decode step: CPU ranges and launches on thread 1,
+    the GPU work they became on streams, linked by correlation ids."""
+    def x(cat, name, ts, dur, tid, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1 if tid == 1 else 0, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}
+    return {"traceEvents": [
+        x("user_annotation", "measurement step", 0, 1000, 1),
+        x("user_annotation", "decode_step", 10, 90, 1),
+        x("user_annotation", "prefetch_start", 12, 8, 1),
+        x("user_annotation", "compute", 22, 38, 1),
+        x("user_annotation", "prefetch_finalize", 62, 8, 1),
+        x("user_annotation", "prefetch_start", 2000, 8, 1),  # outside the step window: ignored
+        x("cuda_driver", "cuLaunchKernel", 15, 2, 1, correlation=1),
+        x("cuda_runtime", "cudaLaunchKernel", 30, 2, 1, correlation=2),
+        x("cuda_runtime", "cudaLaunchKernel", 40, 2, 1, correlation=3),
+        x("cuda_runtime", "cudaMemcpyAsync", 65, 2, 1, correlation=4),
+        x("cuda_driver", "cuLaunchKernel", 2003, 2, 1, correlation=5),
+        x("kernel", "ple_lookup_row_per_program", 100, 50, lookup_stream, correlation=1, stream=lookup_stream),
+        x("kernel", "sm90_xmma_gemm_bf16", 110, 20, 7, correlation=2, stream=7),
+        x("kernel", "sm90_xmma_gemm_bf16", 130, 20, 7, correlation=3, stream=7),
+        x("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 160, 5, 7, correlation=4, stream=7),
+        x("kernel", "ple_lookup_row_per_program", 3000, 50, 99, correlation=5, stream=99),
+    ]}
+
+
+def test_trace_check_follows_launches_to_their_streams():
+    mod = _check_script()
+    res = mod.analyse(_gpu_like_trace(lookup_stream=20))
+    assert res["steps"] == 1 and res["has_kernels"]
+    assert res["lookup_streams"] == [20] and res["lookup_names"] == ["ple_lookup_row_per_program"]
+    assert res["compute_streams"] == [7]
+    assert res["phases"]["prefetch_finalize"] == {(7, "gpu_memcpy", "Memcpy DtoD (Device -> Device)"): 1}
+    assert res["overlap"] == pytest.approx(0.8)  # 40 of the lookup's 50 us beside the matmuls
+    same = mod.analyse(_gpu_like_trace(lookup_stream=7))
+    assert set(same["lookup_streams"]) & set(same["compute_streams"])  # check 2 would FAIL
+
+
+def test_trace_check_on_a_cpu_trace_finds_no_gpu_work(step_trace):
+    mod = _check_script()
+    res = mod.analyse(step_trace)
+    assert res["steps"] == SAMPLES and not res["has_kernels"] and not res["lookup_streams"]
+    assert set(mod.PHASES) <= set(res["range_names"])
