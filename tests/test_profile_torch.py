@@ -231,3 +231,16 @@ def test_trace_check_on_a_cpu_trace_finds_no_gpu_work(step_trace):
     res = mod.analyse(step_trace)
     assert res["steps"] == SAMPLES and not res["has_kernels"] and not res["lookup_streams"]
     assert set(mod.PHASES) <= set(res["range_names"])
+
+
+def test_run_torch_trace_writes_one_trace_per_rank(tmp_path):
+    case_id = _smoke_case(kind="lookup", impl="pinned_uva", prefetch=True, tp=1, etp=2, dp=2)
+    proc = cli("run", "--suite", "smoke", "--case", case_id, "--torch-trace", "3", "--no-report",
+               "--no-progress", "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    for rank in (0, 1):
+        trace = json.loads((run_dir / torch_trace_name(case_id, rank)).read_text())
+        names = _ranges(trace)
+        assert names["prefetch_start"] == 3 and names["gather_ids"] >= 3, (rank, names)
+        assert {w["label"] for w in trace["ple_bench"]["windows"]} >= {"lookup", "gather"}
