@@ -463,7 +463,7 @@ class _Executor:
             self._start_inprocess()
         started = time.perf_counter()
         try:
-            rec = self._record(case, "ok", "", self.inproc.run(case, policy))
+            rec = self._record(case, "ok", "", self._traced_run(case, policy))
         except SkipCase as exc:
             rec = self._record(case, "skipped", str(exc))
         except InvalidCase as exc:
@@ -475,6 +475,16 @@ class _Executor:
             rec = self._agree(case, rec)
         rec["duration_s"] = round(time.perf_counter() - started, 3)
         return rec
+
+    def _traced_run(self, case: Case, policy) -> dict[str, Any]:
+        """``self.inproc.run``, under ``run --torch-trace`` recording the case's windows into
+        its run folder (the CLI refuses it under torchrun, whose other ranks write to scratch)."""
+        from .measure.profiler import torch_trace_case
+
+        n = self.options.torch_trace
+        path = self.writer.run_dir / torch_trace_name(case.case_id, self.inproc.rank) if n else None
+        with torch_trace_case(path, n):
+            return self.inproc.run(case, policy)
 
     def _agree(self, case: Case, rec: dict[str, Any]) -> dict[str, Any]:
         """Every rank tells every other how the case ended.  All ok: rank 0's record

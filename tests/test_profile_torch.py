@@ -244,3 +244,22 @@ def test_run_torch_trace_writes_one_trace_per_rank(tmp_path):
         names = _ranges(trace)
         assert names["prefetch_start"] == 3 and names["gather_ids"] >= 3, (rank, names)
         assert {w["label"] for w in trace["ple_bench"]["windows"]} >= {"lookup", "gather"}
+
+
+def test_a_failing_phase_keeps_its_window_and_stops_the_profiler(tmp_path):
+    def take_batch(k: int):
+        with annotate("before_error"):
+            torch.ones(1).add_(1)
+        raise RuntimeError("boom")
+
+    out = tmp_path / "failed.json"
+    with pytest.raises(RuntimeError, match="boom"):
+        with torch_trace_case(out, 5):
+            with torch_trace_window("failing") as wrap:
+                run_sampling(wrap(take_batch), Stopper([SampleCount(3)]), max_samples=3)
+    assert not annotate_mod.torch_ranges_enabled()
+    assert _ranges(json.loads(out.read_text()))["before_error"] == 1
+    with torch_trace_case(tmp_path / "next.json", 2):  # the profiler was stopped: a new session starts
+        with torch_trace_window("next") as wrap:
+            run_sampling(wrap(lambda k: ([1.0] * k, None)), Stopper([SampleCount(2)]), max_samples=2)
+    assert (tmp_path / "next.json").exists()

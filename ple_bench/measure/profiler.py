@@ -169,10 +169,12 @@ def torch_trace_window(label: str) -> Iterator:
             return
         state["on"] = False
         _annotate.set_torch_ranges(False)
-        if cuda:
-            torch.cuda.synchronize()
-        window_range.__exit__(None, None, None)
-        prof.stop()
+        try:
+            if cuda:
+                torch.cuda.synchronize()
+        finally:
+            window_range.__exit__(None, None, None)
+            prof.stop()
 
     def wrap(take_batch):
         def recorded(k: int):
@@ -198,9 +200,14 @@ def torch_trace_window(label: str) -> Iterator:
     state["on"] = True
     try:
         yield wrap
-    finally:
-        stop()
-        trace.add(prof, label, state["samples"])
+    except BaseException:
+        _annotate.set_torch_ranges(False)
+        with contextlib.suppress(Exception):  # keep what was recorded; the phase's error stands
+            stop()
+            trace.add(prof, label, state["samples"])
+        raise
+    stop()
+    trace.add(prof, label, state["samples"])
 
 
 @contextlib.contextmanager
@@ -213,6 +220,10 @@ def torch_trace_case(path, max_samples: int | None) -> Iterator[TorchTrace | Non
     trace = set_torch_trace(max_samples)
     try:
         yield trace
-    finally:
+    except BaseException:
         set_torch_trace(None)
-        trace.write(path)
+        with contextlib.suppress(Exception):  # the case's error stands
+            trace.write(path)
+        raise
+    set_torch_trace(None)
+    trace.write(path)
