@@ -48,6 +48,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                    help="take exactly N samples per measurement (overrides the suite's timing policy)")
     p.add_argument("--profile-window", action="store_true",
                    help="wrap only the measurement phases in cudaProfilerStart/Stop (for ncu/nsys capture ranges)")
+    p.add_argument("--torch-trace", type=int, nargs="?", const=10, metavar="N",
+                   help="record the first N samples (default 10) of every measurement phase with torch.profiler, "
+                        "phases as named ranges; one Chrome/Perfetto trace per case: <run_dir>/trace_<case_id>.json")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -100,6 +103,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_BAD_USAGE
         policy = dataclasses.replace(policy, min_samples=args.samples, max_samples=args.samples,
                                      max_noise=0.0, min_time_s=0.0, max_time_s=1e9)
+    if args.torch_trace is not None and args.torch_trace < 1:
+        print("error: --torch-trace N needs N >= 1", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    if args.torch_trace and "TORCHELASTIC_RUN_ID" in os.environ:
+        print("error: --torch-trace runs cases in ple_bench's own workers; not under torchrun", file=sys.stderr)
+        return EXIT_BAD_USAGE
     rank = int(os.environ.get("RANK", "0"))
     results_dir, reports_dir, resume = args.results_dir, args.reports_dir, args.resume
     quiet = False
@@ -123,6 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         case_filter=args.case, case_timeout_s=args.case_timeout,
         progress=not args.no_progress and not quiet,
         report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
+        torch_trace=args.torch_trace,
         functional_note=note, argv=sys.argv, quiet=quiet,
     )
     try:
@@ -224,11 +234,19 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
 
     ``metrics`` (ncu only): collect just these comma-separated metrics, one pass
     per kernel instead of the default sections' replays (e.g.
-    ``gpu__time_duration.sum`` for kernel durations, minutes faster)."""
-    inner = [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id, "--profile-window",
-             "--samples", str(samples), "--no-report", "--no-progress", "--results-dir", str(out / "results")]
+    ``gpu__time_duration.sum`` for kernel durations, minutes faster).
+
+    ``torch``: no external tool -- ``run --torch-trace`` records the first
+    ``samples`` samples of every measurement phase with torch.profiler into
+    ``<out>/<run_id>/trace_<case_id>.json`` (``out`` is the results folder)."""
     if (metrics or cache_control) and tool != "ncu":
         raise UsageError(f"--metrics and --cache-control are ncu options, not ones of {tool}")
+    if tool == "torch":
+        return [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id,
+                "--torch-trace", str(samples), "--samples", str(samples), "--no-report", "--no-progress",
+                "--results-dir", str(out)]
+    inner = [python, "-m", "ple_bench", "run", "--suite", suite, "--case", case_id, "--profile-window",
+             "--samples", str(samples), "--no-report", "--no-progress", "--results-dir", str(out / "results")]
     if tool == "ncu":
         chosen = ["--metrics", metrics] if metrics else []
         if cache_control:
@@ -240,7 +258,7 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
         return ["nsys", "profile", "--trace", "cuda,nvtx,osrt", "--capture-range", "cudaProfilerApi",
                 "--capture-range-end", "stop", "--output", str(out / "profile"), "--force-overwrite", "true",
                 *inner]
-    raise UsageError(f"unknown profiler {tool!r}: use ncu or nsys")
+    raise UsageError(f"unknown profiler {tool!r}: use ncu, nsys or torch")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -259,7 +277,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_USAGE
     case = matches[0]
-    out = Path(args.out) if args.out else Path(args.results_dir) / "profiles" / case.case_id
+    if args.tool == "torch":  # a run folder of its own under the results folder
+        out = Path(args.out) if args.out else Path(args.results_dir)
+    else:
+        out = Path(args.out) if args.out else Path(args.results_dir) / "profiles" / case.case_id
     try:
         cmd = profile_command(args.tool, str(suite.path), case.case_id, out, samples=args.samples,
                               metrics=args.metrics, cache_control=args.cache_control)
@@ -267,6 +288,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
     print("command: " + shlex.join(cmd))
+    if args.tool == "torch":
+        from .runner import torch_trace_name
+
+        print(f"trace:   {out}/<run_id>/{torch_trace_name(case.case_id)} (torch.profiler, CPU"
+              + (" + CUDA" if _has_gpu() else "") + f" activity, the first {args.samples} samples of every "
+              "measurement phase)")
+        if args.dry_run:
+            return 0
+        return _profile_torch(cmd, out, case.case_id)
     if args.dry_run:
         return 0
     if shutil.which(cmd[0]) is None:
@@ -278,6 +308,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
     rc = subprocess.call(cmd)
     ext = ".ncu-rep" if args.tool == "ncu" else ".nsys-rep"
     print(f"profile: {out / ('profile' + ext)} (exit {rc})")
+    return rc
+
+
+def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
+    """Run ``run --torch-trace`` and point at the trace it wrote in its new run folder."""
+    import subprocess
+    import time
+
+    from .runner import torch_trace_name
+
+    started = time.time()
+    rc = subprocess.call(cmd)
+    name = torch_trace_name(case_id)
+    found = [p for p in out.glob(f"*/{name}") if p.stat().st_mtime >= started - 1]
+    if not found:
+        print(f"error: no trace written (exit {rc}): the case recorded no measurement phase "
+              f"(skipped or failed? see records.jsonl of the newest run folder in {out})", file=sys.stderr)
+        return rc or 1
+    trace = max(found, key=lambda p: p.stat().st_mtime)
+    size = trace.stat().st_size
+    print(f"trace: {trace} ({size / 1e6:.2f} MB, exit {rc})")
+    print("open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load); "
+          "the phases are named ranges on the Python thread, kernels and copies on their CUDA streams")
     return rc
 
 
@@ -303,11 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_args(p)
     p.set_defaults(func=run_compare)
-    p = sub.add_parser("profile", help="run one case under ncu or nsys with NVTX ranges")
+    p = sub.add_parser("profile", help="run one case under ncu or nsys with NVTX ranges, or torch.profiler")
     p.add_argument("--suite", required=True)
     p.add_argument("--case", required=True, help="case_id (or unique prefix/glob)")
-    p.add_argument("--tool", choices=["ncu", "nsys"], default="ncu")
-    p.add_argument("--out", help="output folder (default results/profiles/<case_id>)")
+    p.add_argument("--tool", choices=["ncu", "nsys", "torch"], default="ncu",
+                   help="torch: a torch.profiler (Kineto) trace, Chrome / Perfetto JSON in the run folder")
+    p.add_argument("--out", help="output folder (default results/profiles/<case_id>; "
+                                 "torch: the results folder, default --results-dir)")
     p.add_argument("--results-dir", default="results")
     p.add_argument("--samples", type=int, default=10, help="samples per measurement under the profiler")
     p.add_argument("--metrics", metavar="LIST",

@@ -38,6 +38,7 @@ class RunOptions:
     report: bool = True
     nvtx: bool = True
     profile_window: bool = False
+    torch_trace: int | None = None  # record a torch.profiler trace of N samples per window, per case
     functional_note: str = ""
     argv: list[str] = field(default_factory=list)
     quiet: bool = False  # no messages (torchrun ranks other than 0)
@@ -380,6 +381,9 @@ class _Executor:
             self.close()
             return self._record(case, "failed", f"could not start {world} worker(s): {exc}")
         options = {"nvtx": self.options.nvtx, "profile_window": self.options.profile_window}
+        if self.options.torch_trace:
+            options["torch_trace"] = {"max_samples": self.options.torch_trace,
+                                      "path": str(self.writer.run_dir / torch_trace_name(case.case_id))}
         started = time.perf_counter()
         try:
             reply = pool.request(("case", case.axes(), policy_dict(policy), options),
@@ -475,7 +479,7 @@ class _Executor:
             self._start_inprocess()
         started = time.perf_counter()
         try:
-            rec = self._record(case, "ok", "", self.inproc.run(case, policy))
+            rec = self._record(case, "ok", "", self._traced_run(case, policy))
         except SkipCase as exc:
             rec = self._record(case, "skipped", str(exc))
         except InvalidCase as exc:
@@ -487,6 +491,16 @@ class _Executor:
             rec = self._agree(case, rec)
         rec["duration_s"] = round(time.perf_counter() - started, 3)
         return rec
+
+    def _traced_run(self, case: Case, policy) -> dict[str, Any]:
+        """``self.inproc.run``, under ``run --torch-trace`` recording the case's windows into
+        its run folder (the CLI refuses it under torchrun, whose other ranks write to scratch)."""
+        from .measure.profiler import torch_trace_case
+
+        n = self.options.torch_trace
+        path = self.writer.run_dir / torch_trace_name(case.case_id, self.inproc.rank) if n else None
+        with torch_trace_case(path, n):
+            return self.inproc.run(case, policy)
 
     def _agree(self, case: Case, rec: dict[str, Any]) -> dict[str, Any]:
         """Every rank tells every other how the case ended.  All ok: rank 0's record
@@ -589,6 +603,12 @@ class _Executor:
             self.abort_reason = (f"the process group is broken after the failure of {case.case_id} ("
                                  + "; ".join(broken) + "); ending the run. Records so far are kept; "
                                  "continue with torchrun ... -m ple_bench run --resume RUN_DIR")
+
+
+def torch_trace_name(case_id: str, rank: int = 0) -> str:
+    """The file name of a case's torch.profiler trace in its run folder (``run --torch-trace``)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in case_id)
+    return f"trace_{safe}.json" if rank == 0 else f"trace_{safe}.rank{rank}.json"
 
 
 def _is_collective_error(reason: str) -> bool:

@@ -37,6 +37,7 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
     from .case import Case
     from .executor import CaseExecutor, InvalidCase, SkipCase
     from .measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
+    from .measure.profiler import torch_trace_case
 
     try:
         device = torch.device("cpu")
@@ -65,7 +66,12 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
                 _, axes, policy_dict, options = msg
                 annotate.set_enabled(options.get("nvtx", True))
                 set_profiler_window(options.get("profile_window", False))
-                result = executor.run(Case.from_axes(axes), TimingPolicy(**policy_dict))
+                trace = options.get("torch_trace") or {}
+                path = trace.get("path")
+                if path and rank:  # every rank records its own windows
+                    path = path[: -len(".json")] + f".rank{rank}.json"
+                with torch_trace_case(path, trace.get("max_samples")):
+                    result = executor.run(Case.from_axes(axes), TimingPolicy(**policy_dict))
                 conn.send(("ok", result))
             elif op == "ceilings":
                 ceilings: dict = {}

@@ -37,7 +37,10 @@ alongside in ``event_samples_ms``).  The stopping rule, the caps and the clock
 readings are those of the other timers.
 
 NVTX: the whole measurement is in ``annotate(label)``, warm-up in
-``annotate("warmup")``, sampling in ``annotate("measurement")``.
+``annotate("warmup")``, sampling in ``annotate("measurement")``.  The sampling
+phase is also the window of ``run --profile-window`` (cudaProfilerStart/Stop)
+and of ``run --torch-trace`` (a torch.profiler session of its first samples;
+``measure/profiler.py``).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from ..results import kept_samples
 from .clocks import ClockSampler
 from .l2 import get_flusher
 from .stats import relative_noise, summarize
-from .profiler import profiler_window
+from .profiler import profiler_window, torch_trace_window
 from .stopping import Stopper, stopper_for
 
 #: a sampling batch aims to last about this long (GPU time or host time)
@@ -416,8 +419,8 @@ def _measure_cpu(fn, policy: TimingPolicy, label: str, clock) -> Measurement:
         estimate["s"] = sum(samples) / k / 1e3
         return samples, None
 
-    with annotate("measurement", color="green"):
-        res = run_sampling(take_batch, stopper_for(policy, clock), max_samples=policy.max_samples,
+    with annotate("measurement", color="green"), torch_trace_window(label) as traced:
+        res = run_sampling(traced(take_batch), stopper_for(policy, clock), max_samples=policy.max_samples,
                            batch_size=_adaptive_batch(lambda: estimate["s"]))
     return Measurement(res.samples_ms, "host_monotonic", res.sm_clock_mhz, res.throttled,
                        res.stopped_by, calls, label=label, cold_l2=False)
@@ -435,9 +438,9 @@ def _measure_cuda_sync(launch, device, policy: TimingPolicy, *, cold_l2: bool, l
 
     calls, _ = _warmup(warm_call, lambda: torch.cuda.synchronize(device), policy.warmup_ms)
     batcher = _SyncBatcher(device, launch, flusher=flusher, clocks=clocks)
-    with annotate("measurement", color="green"), profiler_window():
+    with annotate("measurement", color="green"), profiler_window(), torch_trace_window(label) as traced:
         res = run_sampling(
-            batcher, stopper_for(policy, clock), max_samples=policy.max_samples,
+            traced(batcher), stopper_for(policy, clock), max_samples=policy.max_samples,
             batch_size=_adaptive_batch(lambda: batcher.per_sample_s),
             is_throttled=lambda mhz: clocks.is_throttled(mhz, policy.throttle_threshold),
         )
@@ -462,9 +465,9 @@ def _measure_cuda(launch, device, policy: TimingPolicy, *, cold_l2: bool, label:
     # upper bound of the host's enqueue time, capped so the first hold is short
     batcher = _CudaBatcher(device, launch, flusher=flusher, clocks=clocks, divisor=divisor,
                            host_per_call_s=min(per_call_s, 0.002))
-    with annotate("measurement", color="green"), profiler_window():
+    with annotate("measurement", color="green"), profiler_window(), torch_trace_window(label) as traced:
         res = run_sampling(
-            batcher, stopper_for(policy, clock), max_samples=policy.max_samples,
+            traced(batcher), stopper_for(policy, clock), max_samples=policy.max_samples,
             batch_size=_adaptive_batch(batcher.per_sample_s),
             is_throttled=lambda mhz: clocks.is_throttled(mhz, policy.throttle_threshold),
         )
