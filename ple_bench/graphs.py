@@ -69,7 +69,10 @@ class CudaSegment:
         self.empty = False
 
     def begin(self) -> None:
-        self.graph.capture_begin(pool=self.pool)
+        # thread_local: a host path's own thread (a gather handed off by an eager break
+        # just before this segment) may issue copies on its stream while this thread
+        # captures; "global" would invalidate the capture for that
+        self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
 
     def end(self) -> None:
         # A segment between two back-to-back breaks captures nothing; torch warns

@@ -391,6 +391,10 @@ class _Executor:
         except TimeoutError as exc:
             self.close()
             return self._record(case, "failed", f"timed out: {exc}; its workers were stopped")
+        except (BrokenPipeError, EOFError, OSError) as exc:  # a worker that died after its last case
+            self.close()
+            return self._record(case, "failed", f"its worker was gone before the case started ({exc}); "
+                                                "the workers were restarted")
         duration = time.perf_counter() - started
         status = reply[0]
         if status == "ok":
@@ -402,8 +406,9 @@ class _Executor:
         else:
             rec = self._record(case, "failed", reply[1])
             rec["traceback"] = reply[2] if len(reply) > 2 else ""
-            if world > 1 or not pool.alive():
-                self.close()  # the others may be stuck in a collective: start afresh
+            # a failed case may have left its worker poisoned (a sticky CUDA error) or other
+            # ranks stuck in a collective: the next case starts in fresh workers
+            self.close()
         rec["duration_s"] = round(duration, 3)
         return rec
 

@@ -471,7 +471,8 @@ def test_overlap_suite_has_the_sm_limit_group():
     (group,) = [g for g in s.groups if g.name == "SM limit (green contexts)"]
     by_id = {c.case_id: c for c in s.cases}
     limited = [c for c in s.cases if c.sm_limit]
-    assert {c.sm_limit for c in limited} == {16, 66} and len(limited) == 16
+    assert {c.sm_limit for c in limited} == {16, 66} and len(limited) == 32
+    assert {c.ids_on for c in limited} == {"host", "device"}  # each with ids on the host and on the device
     assert all(c.prefetch and c.impl == "pinned_uva" and c.kernel in ("triton_reference", "triton_tuned")
                and c.num_tokens in (256, 512) and c.compute_us in (50.0, 200.0) for c in limited)
     assert all(by_id[i].sm_limit in (0, 16, 66) for i in group.case_ids)
