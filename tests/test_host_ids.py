@@ -198,3 +198,20 @@ def test_run_keeps_the_host_gather_ceiling_in_meta(tmp_path):
     assert {r["status"] for r in recs} == {"ok"} and all(r["ids_on"] == "host" for r in recs)
     gather = [r for r in recs if r["impl"] == "pinned_cpu_gather"]
     assert len(gather) == 2 and all(r["host_gather_ceiling_ms"] == table[f"{1024 * 16}:8:16"]["ms"] for r in gather)
+
+
+@pytest.mark.parametrize("impl", ["pinned_cpu_gather", "pinned_copy_engine"])
+def test_deferred_host_prefetch_does_the_work_in_finalize(impl):
+    b = get_backend(impl)(VOCAB, DIM, dtype="fp8", num_heads=HEADS, max_tokens=TOKENS, device="cpu",
+                          host_prefetch="deferred")
+    b.fill_synthetic(SEED, scale=0.5)
+    first, second = _host_ids(21), _host_ids(22)
+    b.start_prefetch(first)
+    assert b._host_pool is None and b._deferred is not None  # nothing handed off, nothing done yet
+    b.start_prefetch(second)  # the unfinished first one is dropped
+    got = b.finalize()
+    assert torch.equal(got.view(torch.uint8), _reference(b, second).view(torch.uint8))
+    with pytest.raises(RuntimeError, match="start_prefetch"):
+        b.finalize()
+    with pytest.raises(ValueError, match="host_prefetch"):
+        get_backend(impl)(VOCAB, DIM, dtype="fp8", num_heads=HEADS, device="cpu", host_prefetch="eager")

@@ -23,7 +23,11 @@ Where the ids are decides what the path waits for:
   sync such a path cannot avoid).
 
 ``finalize`` joins the host thread, then (as ``pinned_uva``) the main stream
-waits for the side stream.  The synchronous ``lookup`` does the host work on
+waits for the side stream.  ``host_prefetch="deferred"`` (instead of the default
+``"thread"``) does the host work in ``finalize`` on the calling thread instead:
+no hand-off to another thread (and its own team of torch threads), at the price
+of starting only when the caller reaches ``finalize`` -- which in a graph replay
+is right after launching the compute, while the GPU computes.  The synchronous ``lookup`` does the host work on
 the calling thread (a blocking device->host copy first when the ids are on the
 device).  Only the host work itself is counted in ``host_thread_s``: waits for
 the ids or for a free staging buffer are not CPU work.
@@ -45,6 +49,9 @@ from .formats import int_view
 from .pinned import PinnedUVAEmbedding
 
 
+HOST_PREFETCH_MODES = ("thread", "deferred")
+
+
 class HostPathEmbedding(PinnedUVAEmbedding):
     """A pinned table looked up by host work; see the module docstring."""
 
@@ -55,10 +62,15 @@ class HostPathEmbedding(PinnedUVAEmbedding):
     #: the host thread's name prefix (for profilers and thread dumps)
     thread_name = "ple_host_path"
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, **kwargs) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, host_prefetch: str = "thread",
+                 **kwargs) -> None:
+        if host_prefetch not in HOST_PREFETCH_MODES:
+            raise ValueError(f"host_prefetch must be one of {HOST_PREFETCH_MODES}, got {host_prefetch!r}")
         super().__init__(num_embeddings, embedding_dim, **kwargs)
+        self.host_prefetch = host_prefetch
         self._host_pool: ThreadPoolExecutor | None = None
         self._future: Future | None = None
+        self._deferred: tuple | None = None  # host_prefetch="deferred": the work finalize does
         self._host_ids_buf: torch.Tensor | None = None  # pinned int64, for device ids
         self._inflight_ref: torch.Tensor | None = None
 
@@ -106,7 +118,8 @@ class HostPathEmbedding(PinnedUVAEmbedding):
     ) -> None:
         self._check_ids(ids)
         with annotate("prefetch_start", color="yellow"):
-            self._join()  # a prefetch never finalized: finish it, drop its result
+            self._deferred = None  # a deferred prefetch never finalized: drop it undone
+            self._join()  # a threaded one never finalized: finish it, drop its result
             buffer, gathered, slot, local = self._prefetch_target(ids, dp_token_counts)
             flat = gathered.reshape(-1)
             n = flat.numel()
@@ -126,7 +139,10 @@ class HostPathEmbedding(PinnedUVAEmbedding):
                     ids_ready.record(stream)
                 flat.record_stream(stream)
                 self._inflight_ref = flat
-            self._future = self._pool().submit(self._prefetch_work, host_ids, ids_ready, dest)
+            if self.host_prefetch == "deferred":
+                self._deferred = (host_ids, ids_ready, dest)
+            else:
+                self._future = self._pool().submit(self._prefetch_work, host_ids, ids_ready, dest)
             self._pending = (gathered.shape[0], slot, local)
 
     def _prefetch_work(self, host_ids: torch.Tensor, ids_ready, dest: torch.Tensor) -> None:
@@ -139,6 +155,12 @@ class HostPathEmbedding(PinnedUVAEmbedding):
             self.host_rows(host_ids, dest, self._stream)
 
     def _join(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            try:
+                self._prefetch_work(*deferred)
+            finally:
+                self._inflight_ref = None
         future, self._future = self._future, None
         if future is not None:
             try:
@@ -149,12 +171,13 @@ class HostPathEmbedding(PinnedUVAEmbedding):
     def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """Wait for the host thread, then as ``pinned_uva``: join the side
         stream, reduce over ETP, select this DP rank's rows."""
-        if self._future is None:
+        if self._future is None and self._deferred is None:
             raise RuntimeError("pinned PLE finalize requires a prior start_prefetch")
         self._join()
         return super().finalize(out)
 
     def close(self) -> None:
+        self._deferred = None  # a deferred prefetch never finalized: nothing was started
         try:
             self._join()
         except Exception:  # noqa: BLE001 - closing: the error was the caller's to see
