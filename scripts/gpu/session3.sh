@@ -26,6 +26,10 @@ case "$stage" in
     if [ "$rc" -gt 1 ]; then export PLE_BENCH_RAW_BATCH=0; echo "raw batch call off (check crashed)"; fi
     suite smoke
     ;;
+  bisect)
+    python3 scripts/gpu/host_gather_bisect.py --out "$OUT/host_gather_bisect.json" 2>&1 | tee "$OUT/host_gather_bisect.log"
+    suite smoke
+    ;;
   paths)
     suite paths
     ;;
