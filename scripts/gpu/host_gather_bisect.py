@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     vocab = int(args.table_gib * 2**30) // DIM
     b = get_backend("pinned_cpu_gather")(vocab, DIM, dtype="fp8", num_heads=HEADS, max_tokens=8192, device=dev)
     b.fill_synthetic(1234, scale=0.5)
-    table = b.weight.view(torch.uint8).view(vocab, DIM)
+    table = b.weight.view(torch.uint8).view(b.weight.shape[0], DIM)
     shared = b.weight
 
     class Shared(type(b)):  # the same pinned table, no second allocation
