@@ -108,8 +108,11 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         with self._staging.lock:
             staging = self._staging.take(host_ids.numel(), dest.shape[1], dest.dtype)
             self.host_gather(host_ids, staging)
-            with torch.cuda.stream(stream):
+            if stream == torch.cuda.current_stream(self.device):
                 dest.copy_(staging, non_blocking=True)
+            else:
+                with torch.cuda.stream(stream):
+                    dest.copy_(staging, non_blocking=True)
             self._staging.copied_on(stream)
 
     def close(self) -> None:

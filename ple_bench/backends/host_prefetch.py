@@ -22,12 +22,18 @@ Where the ids are decides what the path waits for:
   host thread waits for that copy before it can start (the one device->host
   sync such a path cannot avoid).
 
-``finalize`` joins the host thread, then (as ``pinned_uva``) the main stream
-waits for the side stream.  ``host_prefetch="deferred"`` (instead of the default
-``"thread"``) does the host work in ``finalize`` on the calling thread instead:
-no hand-off to another thread (and its own team of torch threads), at the price
-of starting only when the caller reaches ``finalize`` -- which in a graph replay
-is right after launching the compute, while the GPU computes.  The synchronous ``lookup`` does the host work on
+``finalize`` does the host work, then (as ``pinned_uva``) the main stream
+waits for the side stream.  Where the host work runs (``host_prefetch``):
+
+* ``"deferred"`` (default): in ``finalize``, on the calling thread -- after the
+  caller has launched the compute (in a graph replay, one launch), so the host
+  gathers while the GPU computes; no hand-off to another thread;
+* ``"thread"``: on the path's own host thread, started by ``start_prefetch`` --
+  the work begins at once, but the hand-off and a second team of torch threads
+  cost more than they win: on the H200 host (16 cores) a start_prefetch +
+  finalize of 1 K-8 K rows took 0.41-0.51 ms threaded and 0.23-0.30 ms
+  deferred, and behind 200 us of GPU work 0.43-0.48 ms threaded and 0.24-0.47
+  ms deferred (scripts/gpu/host_gather_bisect.py, docs/gpu-logs/session3/).  The synchronous ``lookup`` does the host work on
 the calling thread (a blocking device->host copy first when the ids are on the
 device).  Only the host work itself is counted in ``host_thread_s``: waits for
 the ids or for a free staging buffer are not CPU work.
@@ -62,7 +68,7 @@ class HostPathEmbedding(PinnedUVAEmbedding):
     #: the host thread's name prefix (for profilers and thread dumps)
     thread_name = "ple_host_path"
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, host_prefetch: str = "thread",
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, host_prefetch: str = "deferred",
                  **kwargs) -> None:
         if host_prefetch not in HOST_PREFETCH_MODES:
             raise ValueError(f"host_prefetch must be one of {HOST_PREFETCH_MODES}, got {host_prefetch!r}")
@@ -196,14 +202,15 @@ class StagingBuffer:
     def __init__(self, pinned: bool) -> None:
         self.pinned = pinned
         self._buf: torch.Tensor | None = None
-        self._copy_done: torch.cuda.Event | None = None
+        self._event: torch.cuda.Event | None = None  # one event, re-recorded (creating one per copy costs)
+        self._in_use = False  # a copy out of the buffer was enqueued and not yet waited for
         self.lock = threading.Lock()
 
     def take(self, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
         """``[rows, cols]`` of the buffer, after the last copy out of it (call under ``lock``)."""
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-            self._copy_done = None
+        if self._in_use:
+            self._event.synchronize()
+            self._in_use = False
         buf = self._buf
         if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.dtype != dtype:
             buf = torch.empty(max(rows, buf.shape[0] if buf is not None else 0), cols, dtype=dtype,
@@ -213,10 +220,12 @@ class StagingBuffer:
 
     def copied_on(self, stream) -> None:
         """A copy out of the buffer was enqueued on ``stream``."""
-        done = torch.cuda.Event()
-        done.record(stream)
-        self._copy_done = done
+        if self._event is None:
+            self._event = torch.cuda.Event()
+        self._event.record(stream)
+        self._in_use = True
 
     def release(self) -> None:
         self._buf = None
-        self._copy_done = None
+        self._event = None
+        self._in_use = False
