@@ -14,6 +14,8 @@ from typing import Any
 
 KINDS = ("lookup", "step")
 GRAPH_MODES = ("eager", "breakable", "full")
+#: how a pinned table's host memory is allocated (ple_bench.backends.host_alloc)
+HOST_ALLOC_MODES = ("torch", "exact", "exact_huge")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Case:
     sm_limit: int = 0  # SMs the prefetch side stream may use (a green context); 0 = no limit
     # lookup-path axes
     cache_rows: int = 0  # hot-row cache in GPU memory (0 = none)
+    host_alloc: str = "torch"  # pinned tables: torch (caching allocator) | exact | exact_huge
     extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
 
     @property
@@ -104,6 +107,8 @@ class Case:
             parts.append(f"sm{self.sm_limit}")
         if self.cache_rows:
             parts.append(f"cache{self.cache_rows}")
+        if self.host_alloc != "torch":
+            parts.append(self.host_alloc)
         return ".".join(parts) + "-" + digest
 
     @classmethod
