@@ -286,7 +286,11 @@ def _allocate_exact(rows: int, dim: int, dtype: torch.dtype, nbytes: int, mode: 
     except (OSError, ValueError, OverflowError) as exc:
         raise HostAllocUnavailable(f"host_alloc={mode}: cannot map {span / GiB:.2f} GiB of anonymous memory: "
                                    f"{exc}") from exc
-    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    # torch.frombuffer keeps a reference to the object it is given but releases its buffer
+    # export at once: given the mapping itself, mmap.close() would unmap memory that tensors
+    # still view.  Given a memoryview, the export lives as long as the tensor's storage, so
+    # close() refuses (BufferError) while any view of the table is alive.
+    whole = torch.frombuffer(memoryview(mapping), dtype=torch.uint8)
     base = whole.data_ptr()
     offset = (-base) % HUGE_PAGE_BYTES if huge else 0
     if huge:
