@@ -122,8 +122,12 @@ class CaseExecutor:
                 )
             if needs_host:
                 def fit() -> str | None:
+                    # One rank: what is free now.  Several: the host's size, the same on every rank
+                    # (ranks allocate concurrently; a check on what is free now could skip on one
+                    # rank and not on another, leaving the others waiting in a collective).
+                    available = host_memory_available_bytes() if self.world_size == 1 else host_memory_bytes()
                     return host_alloc.host_fit(shard_bytes, self.world_size, case.host_alloc, pinned=True,
-                                               available=host_memory_available_bytes())
+                                               available=available)
 
                 reason = fit()
                 if reason is not None:

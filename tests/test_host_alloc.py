@@ -315,3 +315,19 @@ def test_pinning_study_dry_run(tmp_path):
     assert len(huge) == 2 and all(r["status"] == "skipped" for r in huge)
     assert any("host_alloc=exact: the table needs" in r["reason"] for r in huge)
     assert any("--torch-max" in r["reason"] for r in huge)
+
+
+def test_memory_check_uses_free_memory_for_one_rank_and_the_host_size_for_several(monkeypatch):
+    import ple_bench.executor as executor_mod
+
+    monkeypatch.delenv("PLE_BENCH_HOST_MEM_BYTES", raising=False)
+    monkeypatch.setattr(executor_mod, "host_memory_bytes", lambda: 125 * GiB)
+    monkeypatch.setattr(host_alloc, "mem_available_bytes", lambda: 10 * GiB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * GiB, 141 * GiB))
+    case = Case(impl="pinned_uva", vocab_size=320_001_536, dim=160, dtype="fp8", host_alloc="exact")
+    one = CaseExecutor(device=torch.device("cuda", 0))
+    with pytest.raises(SkipCase, match=r"host_alloc=exact: the table needs 47\.7 GiB .* 10\.0 GiB available"):
+        one._check_memory(case, PinnedUVAEmbedding, QWEN_BYTES)
+    # two ranks decide on the same figure (the host's size), never on what one of them sees free
+    two = CaseExecutor(world_size=2, device=torch.device("cuda", 0))
+    two._check_memory(case, PinnedUVAEmbedding, QWEN_BYTES // 2)
