@@ -17,6 +17,8 @@ GRAPH_MODES = ("eager", "breakable", "full")
 #: where a case's ids live when the lookup (or step) starts: produced on the GPU,
 #: or known on the host (as a server's scheduler knows them), in pinned memory
 IDS_ON = ("device", "host")
+#: how a pinned table's host memory is allocated (ple_bench.backends.host_alloc)
+HOST_ALLOC_MODES = ("torch", "exact", "exact_huge")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Case:
     cache_rows: int = 0  # hot-row cache in GPU memory (0 = none)
     ids_on: str = "device"  # device | host: where the ids are when the lookup / step starts
     gather_threads: int = 0  # host-gather threads of the CPU-gather path (0 = the cores torch sees, <= 16)
+    host_alloc: str = "torch"  # pinned tables: torch (caching allocator) | exact | exact_huge
     extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
 
     @property
@@ -113,6 +116,8 @@ class Case:
             parts.append(f"ids{self.ids_on}")
         if self.gather_threads:
             parts.append(f"gt{self.gather_threads}")
+        if self.host_alloc != "torch":
+            parts.append(self.host_alloc)
         return ".".join(parts) + "-" + digest
 
     @classmethod

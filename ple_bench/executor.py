@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .annotate import annotate
-from .backends import get_backend, get_kernel, synthetic_rows
+from .backends import get_backend, get_kernel, host_alloc, synthetic_rows
 from .case import Case
 from .parallel import Groups, Topology
 
@@ -59,7 +59,17 @@ def host_memory_bytes() -> int:
 
 def pinned_alloc_bytes(nbytes: int) -> int:
     """PyTorch's caching host allocator rounds pinned blocks up to a power of two."""
-    return 1 << max(0, (nbytes - 1).bit_length())
+    return host_alloc.host_table_bytes(nbytes, "torch")
+
+
+def host_memory_available_bytes() -> int:
+    """Host memory a new table may take now: MemAvailable, at most :func:`host_memory_bytes`
+    (``PLE_BENCH_HOST_MEM_BYTES``, when set, stands for both)."""
+    limit = host_memory_bytes()
+    if os.environ.get("PLE_BENCH_HOST_MEM_BYTES"):
+        return limit
+    free = host_alloc.mem_available_bytes()
+    return min(limit, free) if free is not None else limit
 
 
 @dataclass
@@ -67,6 +77,8 @@ class _Table:
     key: tuple
     backend: Any
     seed: int
+    cost: dict = field(default_factory=dict)  # what the table's host allocation took (record fields)
+    uses: int = 0
 
 
 @dataclass
@@ -98,7 +110,8 @@ class CaseExecutor:
             torch.cuda.empty_cache()
 
     def _check_memory(self, case: Case, cls: type, shard_bytes: int) -> None:
-        needs_host = getattr(cls, "supports_prefetch", False) or "pinned" in cls.__name__.lower()
+        needs_host = (getattr(cls, "table_in_host_memory", False) or getattr(cls, "supports_prefetch", False)
+                      or "pinned" in cls.__name__.lower())
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
             dev_need = 0 if needs_host else shard_bytes
@@ -109,23 +122,33 @@ class CaseExecutor:
                     f"{free / 2**30:.1f} GiB free"
                 )
             if needs_host:
-                host_need = pinned_alloc_bytes(shard_bytes) * self.world_size
-                host = host_memory_bytes()
-                if host_need > host * 0.85:
-                    raise SkipCase(
-                        f"pinned table needs {host_need / 2**30:.1f} GiB of host memory "
-                        f"(power-of-two blocks, all ranks), host has {host / 2**30:.1f} GiB"
-                    )
+                def fit() -> str | None:
+                    # One rank: what is free now.  Several: the host's size, the same on every rank
+                    # (ranks allocate concurrently; a check on what is free now could skip on one
+                    # rank and not on another, leaving the others waiting in a collective).
+                    available = host_memory_available_bytes() if self.world_size == 1 else host_memory_bytes()
+                    return host_alloc.host_fit(shard_bytes, self.world_size, case.host_alloc, pinned=True,
+                                               available=available)
+
+                reason = fit()
+                if reason is not None:
+                    # torch keeps freed pinned blocks cached: give them back, then look again
+                    host_alloc.release_cached_pinned_blocks()
+                    reason = fit()
+                if reason is not None:
+                    raise SkipCase(reason)
         else:
-            host_need = shard_bytes * self.world_size
-            if host_need > host_memory_bytes() * 0.5:
-                raise SkipCase(f"table needs {host_need / 2**30:.1f} GiB of host memory")
+            reason = host_alloc.host_fit(shard_bytes, self.world_size, case.host_alloc, pinned=False,
+                                         available=host_memory_bytes())
+            if reason is not None:
+                raise SkipCase(reason)
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
         key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
                case.num_tokens, case.cache_rows, case.stream_priority, case.sm_limit,
-               case.gather_threads, topo)
+               case.gather_threads, case.host_alloc, topo)
         if self.table is not None and self.table.key == key:
+            self.table.uses += 1
             backend = self.table.backend
             # same table, another kernel: swap the kernel, keep the filled table
             backend.kernel_name = case.kernel or type(backend).default_kernel
@@ -136,6 +159,10 @@ class CaseExecutor:
             cls = get_backend(case.impl)
         except ValueError as exc:
             raise SkipCase(str(exc)) from exc
+        in_host = getattr(cls, "table_in_host_memory", False)
+        if case.host_alloc != "torch" and not in_host:
+            raise SkipCase(f"host_alloc={case.host_alloc} applies to tables in pinned host memory; "
+                           f"{case.impl} keeps its table elsewhere")
         shard_rows = -(-case.vocab_size // topo.etp)
         self._check_memory(case, cls, shard_rows * case.row_bytes)
         kwargs: dict[str, Any] = dict(
@@ -152,8 +179,11 @@ class CaseExecutor:
             kwargs["sm_limit"] = case.sm_limit
         if case.gather_threads:
             kwargs["gather_threads"] = case.gather_threads
+        if case.host_alloc != "torch":
+            kwargs["host_alloc"] = case.host_alloc
         for k, v in case.extra:
             kwargs[k] = v
+        free_before = host_alloc.mem_available_bytes()
         with annotate("table_fill", color="gray"):
             try:
                 backend = cls(case.vocab_size, case.dim, **kwargs)
@@ -164,10 +194,24 @@ class CaseExecutor:
             except torch.OutOfMemoryError as exc:
                 raise SkipCase(f"out of memory allocating the table: {exc}") from exc
             seed = TABLE_SEED_BASE + case.seed
+            fill_started = time.perf_counter()
             backend.fill_synthetic(seed, scale=FP8_SCALE if backend.format.quantized else None)
             backend.check_loaded()
-        self.table = _Table(key, backend, seed)
+            fill_s = time.perf_counter() - fill_started
+        cost: dict[str, Any] = {}
+        if backend.host_allocation is not None:
+            cost = dict(host_alloc.allocation_fields(backend.host_allocation), table_fill_s=fill_s,
+                        host_mem_free_before_bytes=free_before,
+                        host_mem_free_after_bytes=host_alloc.mem_available_bytes())
+        self.table = _Table(key, backend, seed, cost, uses=1)
         return backend
+
+    def table_cost_fields(self) -> dict[str, Any]:
+        """The record fields of the current table's host allocation (one allocation per
+        table: a case that reuses it gets the same figures and ``table_reused``)."""
+        if self.table is None or not self.table.cost:
+            return {}
+        return dict(self.table.cost, table_reused=self.table.uses > 1)
 
     def ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
         """The case's ids where ``ids_on`` says: on the device, or in pinned host memory."""
@@ -202,8 +246,11 @@ class CaseExecutor:
                 backend.warm_cache(self.ids_for(history, topo))
             with _grid_cap(case, backend):
                 if case.kind == "step":
-                    return self._run_step(case, backend, id_sets, counts, policy, topo)
-                return self._run_lookup(case, backend, id_sets, counts, policy, topo)
+                    rec = self._run_step(case, backend, id_sets, counts, policy, topo)
+                else:
+                    rec = self._run_lookup(case, backend, id_sets, counts, policy, topo)
+            rec.update(self.table_cost_fields())
+            return rec
 
     def _prepare_sm_limit(self, case: Case, backend) -> None:
         """``sm_limit`` > 0: the prefetch side stream on a green context of that many

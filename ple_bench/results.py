@@ -30,6 +30,30 @@ host-gather ceiling of their table and row count (``meta.json``:
 (the same step, host-sync timer): the like-for-like baseline of host-blocking
 paths; ``offload_baseline`` / ``offload_baseline_timer`` name the resident step
 that ``offload_overhead`` is measured against.
+
+What a table in host memory cost (:data:`HOST_ALLOC_KEYS`; every case of a
+backend whose table is in host memory, ``None`` for the others).  The axis
+``host_alloc`` says how it was allocated (``torch`` | ``exact`` | ``exact_huge``,
+see :mod:`ple_bench.backends.host_alloc`).  One allocation serves every case that
+reuses the table; those cases carry its figures and ``table_reused = true``.
+
+* ``pinned_bytes`` (bytes): bytes page-locked for this rank's shard (torch: the
+  power-of-two block; exact: the page-rounded mapping); 0 in functional mode,
+  where nothing is pinned.
+* ``host_table_bytes`` (bytes): host bytes the allocation reserves (as
+  ``pinned_bytes`` on a GPU; in functional mode the unpinned size).
+* ``table_alloc_s`` (seconds): to allocate and pin the shard (``cudaHostAlloc``
+  inside torch, or map + ``cudaHostRegister``).
+* ``table_fill_s`` (seconds): to fill the shard with its synthetic rows and check
+  it loaded.
+* ``host_mem_free_before_bytes`` / ``host_mem_free_after_bytes`` (bytes):
+  MemAvailable of ``/proc/meminfo`` before the table was allocated and after it
+  was filled (this rank's view; ranks allocate concurrently).
+* ``host_alloc_from_cache`` (bool): torch mode on a GPU: the block came from
+  torch's cache of freed pinned blocks (nothing was pinned anew: then
+  ``table_alloc_s`` is not a pinning time); ``None`` otherwise.
+* ``host_alloc_note`` (text): how the memory was allocated, in words.
+* ``table_reused`` (bool): the case ran on a table an earlier case allocated.
 """
 
 from __future__ import annotations
@@ -53,6 +77,13 @@ RECORD_KEYS = (
     "sm_clock_mhz", "throttled_samples", "samples_throttled",
     "bytes_moved", "rows", "gbps", "rows_per_s", "ceiling", "ceiling_gbps", "pct_of_ceiling",
 )
+# What a table in host memory cost (documented above).
+HOST_ALLOC_KEYS = (
+    "pinned_bytes", "host_table_bytes", "table_alloc_s", "table_fill_s",
+    "host_mem_free_before_bytes", "host_mem_free_after_bytes", "host_alloc_from_cache",
+    "host_alloc_note", "table_reused",
+)
+RECORD_KEYS += HOST_ALLOC_KEYS
 
 
 def kept_samples(samples: list[float], throttled: list[bool] | None) -> list[float]:

@@ -38,7 +38,7 @@ A suite is a TOML file ``suites/<name>.toml``::
 Axes are exactly the fields of :class:`ple_bench.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
 seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
-gather_threads), plus
+gather_threads, host_alloc), plus
 ``table_bytes`` (an integer or a size string such as ``"64MiB"``/``"32GiB"``;
 a group gives either ``vocab_size`` or ``table_bytes``) and ``extra.<key>`` (free
 axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
@@ -76,6 +76,13 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   them to the device as part of their cost, host paths gather at once).
   ``gather_threads`` (0 = the cores torch sees, at most 16) is the CPU-gather
   path's thread count; other paths skip a case that sets it.
+* ``host_alloc`` ("torch", the default; "exact"; "exact_huge") is how a pinned
+  table's host memory is allocated: torch's caching allocator (power-of-two
+  blocks), or exactly the table's bytes pinned with ``cudaHostRegister`` (on 2
+  MiB transparent huge pages for "exact_huge"); see
+  :mod:`ple_bench.backends.host_alloc`.  A backend whose table is not in host
+  memory (``device``) skips a case with a mode other than "torch", with the
+  reason.
 * For ``kind = "lookup"`` the step-only axes ``compute_us`` and ``hidden`` are
   reset to their defaults (so a mixed group does not repeat a lookup per compute
   time); cases that become equal, within or across groups, are kept once.
@@ -108,7 +115,7 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:  # pragma: no cover
         tomllib = None  # type: ignore[assignment]
 
-from .case import GRAPH_MODES, IDS_ON, KINDS, Case
+from .case import GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case
 from .parallel import Topology, TopologyError
 from . import workload
 
@@ -424,6 +431,7 @@ AXES: dict[str, Callable[[Any], Any]] = {
     "cache_rows": _int(0),
     "ids_on": _choice(IDS_ON, "ids_on"),
     "gather_threads": _int(0, 256),
+    "host_alloc": _choice(HOST_ALLOC_MODES, "host_alloc"),
 }
 # Pseudo-axis: a table size, turned into vocab_size = table_bytes // row_bytes.
 PSEUDO_AXES: dict[str, Callable[[Any], Any]] = {"table_bytes": parse_size}
@@ -431,7 +439,7 @@ assert set(AXES) | {"extra"} == {f.name for f in dataclasses.fields(Case)}, "AXE
 
 # Table-defining axes vary slowest, so cases that share a table are adjacent.
 _PRODUCT_ORDER = ["impl", "tp", "etp", "dp", "seed", "dtype", "dim", "vocab_size", "table_bytes",
-                  "num_heads", "kernel", "cache_rows", "kind"]
+                  "num_heads", "kernel", "cache_rows", "host_alloc", "kind"]
 _PRODUCT_ORDER += [a for a in AXES if a not in _PRODUCT_ORDER]
 
 GROUP_META_KEYS = ("name", "description", "tags", "variants", "exclude", "constraints")

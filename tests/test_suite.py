@@ -85,6 +85,7 @@ def test_smoke_is_small_and_covers_the_axes(shipped):
     assert {(1, 2, 2), (2, 2, 1)} <= topologies
     assert all(c.num_tokens * c.num_heads <= 64 for c in cases)
     assert all(table_bytes(c) <= 4 * MiB for c in cases)
+    assert {c.host_alloc for c in cases} == {"torch", "exact", "exact_huge"}
 
 
 def test_default_suite_shape(shipped):
@@ -97,9 +98,18 @@ def test_default_suite_shape(shipped):
     assert default.gpu_only and default.functional_fallback == "smoke"
     sizes = [table_bytes(c) for c in cases]
     assert 64 * MiB - 160 < min(sizes) <= 64 * MiB
-    assert 32 * GiB - 160 < max(sizes) <= 32 * GiB
+    assert 100 * GiB - 160 < max(sizes) <= 100 * GiB  # the "large" group
     qwen = [c for c in cases if (c.dtype, c.dim, c.num_heads) == ("fp8", 160, 16)]
     assert {table_bytes(c) // MiB for c in qwen} >= {63, 1023, 8191, 32767}
+    # the production table (47.7 GiB) both ways, as lookups at 256 and 4096 tokens and a decode step
+    prod = [c for c in qwen if c.vocab_size == 320_001_536]
+    assert {(c.host_alloc, c.kind, c.num_tokens) for c in prod} == {
+        (mode, kind, tokens) for mode in ("torch", "exact")
+        for kind, tokens in (("lookup", 256), ("lookup", 4096), ("step", 256))}
+    assert all(c.impl == "pinned_uva" for c in prod)
+    large = [c for c in cases if table_bytes(c) > 64 * GiB]
+    assert large and {c.host_alloc for c in large} == {"exact"}
+    assert {c.host_alloc for c in cases if c not in prod and c not in large} == {"torch"}
     assert {(c.dtype, c.dim) for c in cases} >= {("bf16", 128), ("fp32", 128), ("fp8", 160)}
     assert min(c.num_tokens for c in cases) == 64 and max(c.num_tokens for c in cases) == 32768
     assert {c.prefetch for c in cases if c.impl == "pinned_uva"} == {True, False}

@@ -76,6 +76,9 @@ class PLEEmbedding(ABC):
 
     name: ClassVar[str] = "abstract"
     supports_prefetch: ClassVar[bool] = False
+    #: the table lives in host memory (pinned where there is a GPU): the engine checks the
+    #: host's memory for it and accepts the ``host_alloc`` axis only for such backends
+    table_in_host_memory: ClassVar[bool] = False
     default_kernel: ClassVar[str] = "torch_masked"
     #: the path's calls occupy or block the calling host thread for their work (a host
     #: gather, issuing row copies, joining a host thread): the engine times them as
@@ -153,6 +156,13 @@ class PLEEmbedding(ABC):
     def table_for_kernel(self) -> torch.Tensor:
         """The tensor the lookup kernel reads (device memory or a UVA view)."""
         return self.weight
+
+    @property
+    def host_allocation(self):
+        """How the table's host memory was allocated: a
+        :class:`~ple_bench.backends.host_alloc.HostAllocation` (bytes pinned, seconds),
+        or None for a table that is not in host memory."""
+        return None
 
     @property
     def functional(self) -> bool:

@@ -6,6 +6,13 @@ number of SMs (``sm_limit`` > 0: a green-context stream, see :mod:`.green`;
 ``sm_limit_granted`` / ``green_via`` say what the driver gave and how).
 Subclasses whose gather uses no SMs refuse ``sm_limit`` (``sm_limit_refusal``).
 
+The table's host memory is allocated as ``host_alloc`` says (see
+:mod:`.host_alloc`): ``"torch"`` (torch's caching allocator, power-of-two
+blocks; the default), ``"exact"`` or ``"exact_huge"`` (exactly the table's bytes
+pinned with ``cudaHostRegister``, freed exactly on :meth:`close`); every
+subclass (CPU gather, copy engines, hot cache) reads the table either way.
+``host_allocation`` records what it took.
+
 On a machine without a GPU the same code runs in *functional mode*: the table is
 ordinary host memory (pinning needs CUDA), the Triton kernel runs under the
 interpreter, and the prefetch is synchronous.  ``functional`` says which."""
@@ -20,6 +27,7 @@ import torch
 from ..annotate import annotate
 from .base import PLEEmbedding, _check_out
 from .green import GreenContextUnavailable, GreenHandle, shared_green_stream
+from .host_alloc import HostAllocation, allocate_pinned, check_mode
 from .registry import register_backend
 from .uva import cuda_view_of_pinned, uva_available
 
@@ -27,6 +35,7 @@ from .uva import cuda_view_of_pinned, uva_available
 @register_backend("pinned_uva")
 class PinnedUVAEmbedding(PLEEmbedding):
     supports_prefetch = True
+    table_in_host_memory = True
     default_kernel = "triton_reference"
     #: why this path refuses ``sm_limit`` ("" = it accepts it): set by subclasses whose
     #: side-stream work is not done by SMs
@@ -34,8 +43,11 @@ class PinnedUVAEmbedding(PLEEmbedding):
 
     def __init__(
         self, num_embeddings: int, embedding_dim: int, *, stream_priority: int = 0,
-        sm_limit: int = 0, **kwargs
+        sm_limit: int = 0, host_alloc: str = "torch", **kwargs
     ) -> None:
+        # read by allocate_table, which the base constructor calls
+        self.host_alloc = check_mode(host_alloc)
+        self._host_allocation: HostAllocation | None = None
         if isinstance(sm_limit, bool) or not isinstance(sm_limit, int) or sm_limit < 0:
             raise ValueError(f"sm_limit must be a non-negative integer (0 = no limit), got {sm_limit!r}")
         if sm_limit and self.sm_limit_refusal:
@@ -60,8 +72,12 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self._green: GreenHandle | None = None
 
     def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
-        pin = self.device.type == "cuda"
-        return torch.empty(rows, dim, dtype=dtype, device="cpu", pin_memory=pin)
+        table, self._host_allocation = allocate_pinned(rows, dim, dtype, self.host_alloc, self.device)
+        return table
+
+    @property
+    def host_allocation(self) -> HostAllocation | None:
+        return self._host_allocation
 
     def table_for_kernel(self) -> torch.Tensor:
         return self._uva
@@ -99,6 +115,8 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self._inflight_ids = None
         self._buffer_free = None
         super().close()
+        if self._host_allocation is not None:
+            self._host_allocation.close()  # exact: unregistered and unmapped now
 
     # ----------------------------------------------------------- prefetch
     def prepare_prefetch(self) -> torch.Tensor:
