@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from ..annotate import annotate
+from .cudart import loaded_libcudart
 from .formats import int_view
 from .host_prefetch import HostPathEmbedding
 from .registry import register_backend
@@ -84,25 +85,13 @@ FLAG_PREFER_OVERLAP = 1
 RAW_MIN_VERSION = 13000
 
 
-def _loaded_libcudart() -> str | None:
-    """Path of the libcudart this process has loaded (torch's), None when none is."""
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                if "libcudart.so" in line:
-                    return line.split()[-1]
-    except OSError:
-        pass
-    return None
-
-
 def load_raw_batch() -> tuple[Any | None, str]:
     """``(fn, note)``: ctypes ``cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs,
     attrsIdxs, numAttrs, stream)`` of the loaded libcudart when it is CUDA >= 13
     (whose batch call has these eight arguments), else ``(None, why)``."""
     if os.environ.get("PLE_BENCH_RAW_BATCH") == "0":
         return None, "disabled by PLE_BENCH_RAW_BATCH=0"
-    path = _loaded_libcudart()
+    path = loaded_libcudart()
     if path is None:
         return None, "no libcudart loaded in this process"
     try:

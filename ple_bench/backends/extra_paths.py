@@ -21,6 +21,7 @@ import contextlib
 import torch
 
 from ..annotate import annotate
+from .cudart import copy_h2d_async
 from .formats import int_view
 from .host_prefetch import HostPathEmbedding, StagingBuffer
 from .pinned import PinnedUVAEmbedding
@@ -108,11 +109,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         with self._staging.lock:
             staging = self._staging.take(host_ids.numel(), dest.shape[1], dest.dtype)
             self.host_gather(host_ids, staging)
-            if stream == torch.cuda.current_stream(self.device):
-                dest.copy_(staging, non_blocking=True)
-            else:
-                with torch.cuda.stream(stream):
-                    dest.copy_(staging, non_blocking=True)
+            copy_h2d_async(dest, staging, stream)
             self._staging.copied_on(stream)
 
     def close(self) -> None:

@@ -215,6 +215,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
                 _check_out(out, rows)
                 out.copy_(rows)
             if main is not None and not torch.cuda.is_current_stream_capturing():
-                self._buffer_free = torch.cuda.Event()  # the buffer is free once the main stream read it
+                if self._buffer_free is None:  # one event, re-recorded: the buffer is free once main read it
+                    self._buffer_free = torch.cuda.Event()
                 self._buffer_free.record(main)
             return rows if out is None else out
