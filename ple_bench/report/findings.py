@@ -499,6 +499,44 @@ def graph_and_cache_findings(run: Run) -> list[Finding]:
     return out
 
 
+def offload_answer_findings(run: Run) -> list[Finding]:
+    """The one-sentence answer: is any pinned path as fast per step as the
+    HBM-resident table (its like-for-like ``offload_overhead`` within
+    :data:`EFFECT_PCT`), and at which token counts -- the best case per token
+    count, with the configuration it needs."""
+    steps = [r for r in _steps(run) if r.get("impl") != "device" and num(r.get("offload_overhead")) is not None]
+    if not steps:
+        return []
+    # as a server runs the step: the compute replayed from a graph, where the run has such steps
+    # (eager steps timed on the host clock are bound by Python's launches and noisier)
+    replayed = [r for r in steps if r.get("graph", "eager") != "eager"]
+    scope = "graph-replayed steps" if replayed else "eager steps"
+    steps = replayed or steps
+    best: dict[float, dict[str, Any]] = {}
+    for r in steps:
+        t = num(r.get("num_tokens")) or 0.0
+        if t not in best or num(r["offload_overhead"]) < num(best[t]["offload_overhead"]):
+            best[t] = r
+
+    def where(r: dict[str, Any]) -> str:
+        ids = "host" if r.get("ids_on") == "host" else "device"
+        return (f"{path_of(r)}, ids on the {ids}, {r.get('graph', 'eager')}, "
+                f"{fmt(num(r.get('compute_us')) or 0)} us compute: {num(r['offload_overhead']) * 100:+.0f} %")
+
+    hidden = [t for t in sorted(best) if num(best[t]["offload_overhead"]) * 100 <= EFFECT_PCT]
+    exposed = [t for t in sorted(best) if t not in hidden]
+    parts = []
+    if hidden:
+        parts.append(f"yes at {_list([int(t) for t in hidden])} tokens per step (best: "
+                     + "; ".join(f"{int(t)}: {where(best[t])}" for t in hidden) + ")")
+    if exposed:
+        parts.append(f"{'no' if not hidden else 'not'} at {_list([int(t) for t in exposed])} tokens (best: "
+                     + "; ".join(f"{int(t)}: {where(best[t])}" for t in exposed) + ")")
+    text = (f"Is a pinned host table as fast per step as the HBM-resident one (within {EFFECT_PCT:.0f} %, "
+            f"like for like, {scope})? " + "; ".join(parts) + ".")
+    return [Finding("answer", text, group="overlap")]
+
+
 def noise_findings(run: Run) -> list[Finding]:
     out = []
     noisy = [r for r in run.ok if (num(r.get("cv")) or 0) > NOISY_CV]
@@ -528,6 +566,7 @@ def findings(run: Run) -> list[Finding]:
         out.append(Finding("mode", "The run does not say whether it ran on a GPU (no mode in meta.json or "
                                    "records); read the numbers with that in mind.", "warn"))
     out += status_finding(run)
+    out += offload_answer_findings(run)
     if not run.ceilings and any(num(r.get("gbps")) for r in run.ok):
         out.append(Finding("ceiling", "No bandwidth ceilings were measured on this run, so GB/s cannot be put "
                                       "against what the hardware can do."))
