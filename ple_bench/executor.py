@@ -144,12 +144,15 @@ class CaseExecutor:
                 raise SkipCase(reason)
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
+        # the token count is not part of the table: a case with another batch size reuses the
+        # filled table and resizes the buffers sized by it (one allocation per table per run)
         key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
-               case.num_tokens, case.cache_rows, case.stream_priority, case.sm_limit,
+               case.cache_rows, case.stream_priority, case.sm_limit,
                case.gather_threads, case.host_alloc, topo)
         if self.table is not None and self.table.key == key:
             self.table.uses += 1
             backend = self.table.backend
+            backend.set_max_tokens(case.num_tokens)
             # same table, another kernel: swap the kernel, keep the filled table
             backend.kernel_name = case.kernel or type(backend).default_kernel
             backend.kernel = get_kernel(backend.kernel_name)

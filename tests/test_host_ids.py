@@ -239,3 +239,17 @@ def test_the_answer_finding_names_the_token_counts_and_the_best_path():
     # without any replayed step the eager ones answer, and say so
     (f,) = offload_answer_findings(Run(Path("r"), {"mode": "gpu"}, [_step_rec("pinned_uva", 256, 0.5, graph="eager")]))
     assert "eager steps" in f.text and "no at 256 tokens" in f.text
+
+
+def test_a_table_is_reused_across_token_counts_and_its_buffers_resized():
+    ex = CaseExecutor()
+    small = Case(impl="pinned_uva", vocab_size=VOCAB, dim=DIM, dtype="fp8", num_heads=HEADS, num_tokens=4,
+                 prefetch=True)
+    rec = ex.run(small, _policy())
+    backend = ex.table.backend
+    assert backend.prefetch_rows == 4
+    big = Case(impl="pinned_uva", vocab_size=VOCAB, dim=DIM, dtype="fp8", num_heads=HEADS, num_tokens=16,
+               prefetch=True, ids_on="host")
+    rec = ex.run(big, _policy())  # the gate checks every id set of the larger batch byte for byte
+    assert ex.table.backend is backend and backend.prefetch_rows == 16 and rec["table_reused"] is True
+    assert backend.prepare_prefetch().shape[0] == 16

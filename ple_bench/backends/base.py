@@ -209,6 +209,11 @@ class PLEEmbedding(ABC):
     def dequantize(self, rows: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         return self.format.dequantize(rows, self.scale, out_dtype)
 
+    def set_max_tokens(self, max_tokens: int) -> None:
+        """The most tokens per DP rank a call may bring from now on (a new case on
+        the same filled table); backends with buffers sized by it resize them."""
+        self.max_tokens = _positive_int("max_tokens", max_tokens, allow_zero=True)
+
     def close(self) -> None:
         """Drop the table and buffers so their memory can be reused."""
         self.weight = None  # type: ignore[assignment]

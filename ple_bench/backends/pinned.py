@@ -118,6 +118,18 @@ class PinnedUVAEmbedding(PLEEmbedding):
         if self._host_allocation is not None:
             self._host_allocation.close()  # exact: unregistered and unmapped now
 
+    def set_max_tokens(self, max_tokens: int) -> None:
+        """As :meth:`PLEEmbedding.set_max_tokens`; a prefetch buffer of another size
+        is dropped (the next prefetch allocates one of the new size), the side stream kept."""
+        super().set_max_tokens(max_tokens)
+        rows = self.max_tokens * self.topology.replicas
+        if rows != self.prefetch_rows:
+            if self._stream is not None:
+                self._stream.synchronize()  # nothing may still write the old buffer
+            self.prefetch_rows = rows
+            self._buffer = None
+            self._buffer_free = None
+
     # ----------------------------------------------------------- prefetch
     def prepare_prefetch(self) -> torch.Tensor:
         """Allocate the persistent prefetch buffer and side stream (eagerly:
@@ -140,7 +152,8 @@ class PinnedUVAEmbedding(PLEEmbedding):
                     raise RuntimeError(
                         "pinned PLE prefetch buffer must be allocated eagerly, before cudagraph capture"
                     )
-                self._stream = self._new_side_stream()
+                if self._stream is None:
+                    self._stream = self._new_side_stream()
             self._buffer = torch.empty(
                 self.prefetch_rows, self.num_heads, self.embedding_dim,
                 dtype=self.storage_dtype, device=self.device,
