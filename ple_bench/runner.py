@@ -255,7 +255,14 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
                        f"continue with --resume {run_dir}")
     finally:
         progress.close()
-        executor.close()
+        try:
+            executor.close()
+        except KeyboardInterrupt:  # Ctrl-C while the workers shut down: the run still ends as interrupted
+            if not interrupted:
+                interrupted = True
+                print(f"interrupted: everything measured so far is in {run_dir}; "
+                      f"continue with --resume {run_dir}", file=sys.stderr)
+            executor.close()
     status = "interrupted" if interrupted else "aborted" if executor.abort_reason else "complete"
     extra = {"abort_reason": executor.abort_reason} if executor.abort_reason else {}
     meta = writer.update_meta(ended_at=now_iso(), status=status,

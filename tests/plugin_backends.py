@@ -58,3 +58,21 @@ class RankOneRaisingDefaultGroupBackend(DeviceResidentEmbedding):
             raise RuntimeError("planted failure on rank 1 (default group)")
         dist.all_reduce(torch.ones(1))
         return super().lookup(ids, dp_token_counts)
+
+
+class PoisoningBackend(DeviceResidentEmbedding):
+    """Raises after leaving its process poisoned, as a sticky CUDA error leaves a
+    CUDA context: every later lookup in that process fails (``VictimBackend``)."""
+
+    def lookup(self, ids, dp_token_counts=None):
+        os.environ["PLE_BENCH_TEST_POISONED"] = "1"
+        raise RuntimeError("planted failure that poisons the worker")
+
+
+class VictimBackend(DeviceResidentEmbedding):
+    """An ordinary backend that fails only in a process an earlier case poisoned."""
+
+    def lookup(self, ids, dp_token_counts=None):
+        if os.environ.get("PLE_BENCH_TEST_POISONED"):
+            raise RuntimeError("ran in a worker an earlier case had poisoned")
+        return super().lookup(ids, dp_token_counts)

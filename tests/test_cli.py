@@ -149,6 +149,18 @@ def test_failures_are_isolated_and_recorded(tmp_path):
     assert set(recs) == set(impls)
 
 
+def test_the_case_after_a_poisoning_failure_runs_in_a_fresh_worker(tmp_path):
+    """A failed case may leave its worker poisoned (a sticky CUDA error): the next case
+    must run in a fresh worker and get its own result, not its predecessor's."""
+    impls = ["tests.plugin_backends:PoisoningBackend", "tests.plugin_backends:VictimBackend"]
+    suite = write_suite(tmp_path, impls)
+    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
+    recs = {r["impl"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
+    assert recs[impls[0]]["status"] == "failed" and "poisons" in recs[impls[0]]["reason"]
+    assert recs[impls[1]]["status"] == "ok", recs[impls[1]]["reason"]
+    assert proc.returncode == 1
+
+
 @pytest.mark.parametrize("impl, why", [
     ("tests.plugin_backends:NotABackend", "not a subclass of ple_bench.backends.PLEEmbedding"),
     ("tests.no_such_module:Backend", "cannot import backend module 'tests.no_such_module'"),
@@ -193,7 +205,8 @@ def test_resume_runs_only_missing_cases(tmp_path):
 def test_ctrl_c_keeps_results(tmp_path):
     suite = tmp_path / "slow.toml"
     suite.write_text(SUITE.format(impls='["device"]', dtypes='["fp32"]').replace(
-        "num_tokens = 4", "num_tokens = [1, 2, 3, 4, 5, 6, 7, 8]").replace("max_time_s = 0.2", "max_time_s = 0.5"))
+        "num_tokens = 4", "num_tokens = [1, 2, 3, 4, 5, 6, 7, 8]").replace(
+        "max_samples = 5", "max_samples = 100000").replace("max_time_s = 0.2", "min_time_s = 0.3\nmax_time_s = 0.5"))
     res = tmp_path / "res"
     proc = subprocess.Popen([sys.executable, "-m", "ple_bench", "run", "--suite", str(suite), "--results-dir",
                              str(res), "--no-report"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
