@@ -88,6 +88,15 @@ def test_gpu_report_in_chromium(tmp_path, gpu_page):
     assert_page_works(tmp_path, gpu_page, min_images=5)
 
 
+def test_the_verdict_is_in_the_first_viewport(tmp_path, gpu_page):
+    """The answer first: the verdict block lies inside a 1280 x 800 window, above everything else."""
+    proc = chromium(tmp_path, "--dump-dom", gpu_page.resolve().as_uri(), window="1280,800")
+    attrs = body_attributes(proc.stdout)
+    top, bottom = int(attrs["data-verdict-top"]), int(attrs["data-verdict-bottom"])
+    assert 0 < top < bottom <= 800, (top, bottom)
+    assert 'id="verdict"' in proc.stdout and proc.stdout.index('id="verdict"') < proc.stdout.index('id="findings"')
+
+
 def test_gpu_report_screenshot(tmp_path, gpu_page):
     from matplotlib.image import imread
 

@@ -403,6 +403,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     ceilings += [(name, fmt(value)) for name, value in sorted(run.ceiling_notes.items())]
     trend = build_trend(run, history_dirs) if history_dirs else None
     all_findings = findings(run)
+    verdict = next((f.text for f in all_findings if f.topic == "answer"), None)
     finding_groups = [(GROUP_TITLES[g], [f for f in all_findings if f.group == g])
                       for g in GROUP_TITLES if any(f.group == g for f in all_findings)]
     plots = make_plots(run)
@@ -410,9 +411,10 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     step_cols, step_rows, step_shape = step_table(run)
     html = render_page(
         "report.html",
-        run=run, device_name=_device_name(run), timer=run.meta.get("timer") or _record_value(run, "timer") or "?",
+        run=run, device_name=_device_name(run), timer=_record_value(run, "timer") or run.meta.get("timer") or "?",
         counts=counts, n_records=len(records), run_status=str(run.meta.get("status") or "unknown"),
         findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), ceilings=ceilings,
+        verdict=verdict,
         plots=[p for p in plots if p.section == "general"],
         path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
         step_plots=[p for p in plots if p.section == "overlap"], step_columns=step_cols, step_rows=step_rows,

@@ -171,6 +171,12 @@
     var errors = window.__pleErrors || [];
     body.setAttribute("data-js-errors", String(errors.length));
     if (errors.length) { body.setAttribute("data-js-error-text", errors.join(" | ").slice(0, 2000)); }
+    var verdict = document.getElementById("verdict");
+    if (verdict) {  // where the verdict sits in the first viewport (the browser test reads it)
+      var box = verdict.getBoundingClientRect();
+      body.setAttribute("data-verdict-top", String(Math.round(box.top + window.scrollY)));
+      body.setAttribute("data-verdict-bottom", String(Math.round(box.bottom + window.scrollY)));
+    }
     body.setAttribute("data-ready", "1");
   }
 
