@@ -58,10 +58,16 @@ def _lookup_target(executor, case, backend, id_sets):
     from ple_bench import measure as m
 
     if case.graph == "full":
-        # the engine timed graph replays; so do we (a graph bakes in its ids: the first set)
-        fn = executor._lookup_fn(case, backend, id_sets[0], None)
-        graph = m.capture_graph(fn, executor.device, label="lookup_graph")
-        return graph.replay, None
+        # the engine timed graph replays; so do we: a graph bakes in its ids, so one graph per
+        # id set, replayed in turn
+        graphs = [m.capture_graph(executor._lookup_fn(case, backend, s, None), executor.device,
+                                  label="lookup_graph") for s in id_sets]
+        turn = [0]
+
+        def replay():
+            graphs[turn[0] % len(graphs)].replay()
+            turn[0] += 1
+        return replay, None
     return executor._lookup_fn(case, backend, id_sets, None), None  # one id set per call, in turn
 
 
@@ -70,7 +76,7 @@ def _step_target(executor, case, backend, sets):
 
     step = step_mod.DecodeStep(backend, hidden=case.hidden, num_tokens=case.num_tokens,
                                compute_us=case.compute_us, prefetch=case.prefetch, graph=case.graph,
-                               device=executor.device)
+                               device=executor.device, ids_on=case.ids_on)
     try:
         step_mod.check_step(step, sets, executor.table.seed)
     except NotImplementedError as exc:

@@ -569,3 +569,36 @@ def test_host_sync_timer_median_is_the_call_cost_and_does_not_grow(monkeypatch):
     assert statistics.median(m.samples_ms[-15:]) < 1.15 * statistics.median(m.samples_ms[:15])
     assert len(m.event_samples_ms) == 60 and statistics.median(m.event_samples_ms) >= 3.0
     assert len(syncs) >= 2 * 60  # a sync before and after every sampled call
+
+
+def test_measure_graph_rotates_one_graph_per_callable(monkeypatch):
+    """Graph replays rotate through one captured graph per callable (one per id set), as the
+    eager measurement rotates through the id sets; CUDA faked."""
+    replays = []
+
+    class FakeGraph:
+        def __init__(self, k):
+            self.k = k
+
+        def replay(self):
+            replays.append(self.k)
+
+    captured = []
+
+    def fake_capture(fn, device, label="graph"):
+        captured.append(fn)
+        return FakeGraph(len(captured) - 1)
+
+    def fake_measure(launch, device, policy, *, cold_l2, label, clock, divisor=1, warmup_call=None):
+        for _ in range(7):
+            launch()
+        return Measurement([1.0], "cuda_event", [None], [False], "max_samples", 1, label=label, cold_l2=cold_l2)
+
+    monkeypatch.setattr(timer_mod, "capture_graph", fake_capture)
+    monkeypatch.setattr(timer_mod, "_measure_cuda", fake_measure)
+    monkeypatch.setattr(timer_mod, "_as_device", lambda d: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: type("S", (), {"synchronize": lambda self: None})())
+    fns = [lambda: None, lambda: None, lambda: None]
+    m = timer_mod.measure_graph(fns, device="cuda", policy=TimingPolicy(), cold_l2=True)
+    assert len(captured) == 3 and replays == [0, 1, 2, 0, 1, 2, 0] and m.cold_l2

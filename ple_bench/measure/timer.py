@@ -49,7 +49,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -525,27 +525,36 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, *, warmup_calls: 
         return graph
 
 
-def measure_graph(fn: Callable[[], Any], *, device, policy: TimingPolicy, replays_per_sample: int = 1,
-                  label: str = "graph", cold_l2: bool = False,
+def measure_graph(fn: Callable[[], Any] | Sequence[Callable[[], Any]], *, device, policy: TimingPolicy,
+                  replays_per_sample: int = 1, label: str = "graph", cold_l2: bool = False,
                   clock: Callable[[], float] = time.monotonic) -> Measurement:
     """Capture ``fn`` in a CUDA graph and time its replays: each sample is the
     mean of ``replays_per_sample`` back-to-back replays between one event
-    pair.  ``cold_l2`` flushes before each sample (outside the graph, so it
-    is cold only for the first replay of a sample).  Raises
-    :class:`GraphCaptureError` when capture fails or there is no CUDA."""
+    pair.  ``fn`` may be a list of callables (e.g. one per id set): each is
+    captured in a graph of its own and the replays rotate through them, one
+    graph per replay, as an eager measurement rotates through its id sets.
+    ``cold_l2`` flushes before each sample (outside the graph, so it is cold
+    only for the first replay of a sample).  Raises :class:`GraphCaptureError`
+    when capture fails or there is no CUDA."""
     if replays_per_sample < 1:
         raise ValueError("replays_per_sample must be >= 1")
+    fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
+    if not fns:
+        raise ValueError("measure_graph needs at least one callable")
     device = _as_device(device)
     with annotate(label):
-        graph = capture_graph(fn, device, label=label)
+        graphs = [capture_graph(f, device, label=label) for f in fns]
         with torch.cuda.device(device):
+            turn = [0]
+
             def launch() -> None:
                 for _ in range(replays_per_sample):
-                    graph.replay()
+                    graphs[turn[0] % len(graphs)].replay()
+                    turn[0] += 1
 
             try:
                 return _measure_cuda(launch, device, policy, cold_l2=cold_l2, label=label, clock=clock,
-                                     divisor=replays_per_sample, warmup_call=graph.replay)
+                                     divisor=replays_per_sample, warmup_call=launch)
             finally:
                 torch.cuda.current_stream(device).synchronize()
-                del graph
+                del graphs
