@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -22,14 +21,9 @@ class UsageError(Exception):
 
 
 def _has_gpu() -> bool:
-    if os.environ.get("PLE_BENCH_FORCE_CPU"):
-        return False
-    try:
-        import torch
+    from .env import gpu_available
 
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
+    return gpu_available()
 
 
 # ------------------------------------------------------------------ run
@@ -106,14 +100,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.torch_trace is not None and args.torch_trace < 1:
         print("error: --torch-trace N needs N >= 1", file=sys.stderr)
         return EXIT_BAD_USAGE
-    if args.torch_trace and "TORCHELASTIC_RUN_ID" in os.environ:
+    from . import env
+
+    if args.torch_trace and env.launcher() == "torchrun":
         print("error: --torch-trace runs cases in ple_bench's own workers; not under torchrun", file=sys.stderr)
         return EXIT_BAD_USAGE
-    rank = int(os.environ.get("RANK", "0"))
+    rank = env.rank()
     results_dir, reports_dir, resume = args.results_dir, args.reports_dir, args.resume
     quiet = False
     scratch = None
-    if "TORCHELASTIC_RUN_ID" in os.environ and rank != 0:
+    if env.launcher() == "torchrun" and rank != 0:
         # Only rank 0 writes records and the report; the other ranks run the same cases
         # into a scratch folder (removed at the end). Resuming, they read a copy of the run.
         scratch = Path(tempfile.mkdtemp(prefix=f"ple_bench-rank{rank}-"))
@@ -183,8 +179,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
     from . import annotate
 
+    from .env import FORCE_CPU_ENV, force_cpu, gpu_available
+
     lines: list[tuple[str, str]] = []
-    gpu = torch.cuda.is_available()
+    gpu = gpu_available()
     lines.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"))
     try:
         import triton
@@ -196,6 +194,8 @@ def cmd_env(args: argparse.Namespace) -> int:
         n = torch.cuda.device_count()
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(n))
         lines.append(("GPU", f"{n}: {names}"))
+    elif force_cpu():
+        lines.append(("GPU", f"forced off ({FORCE_CPU_ENV} is set): runs are functional (CPU, host timer)"))
     else:
         lines.append(("GPU", "none: runs are functional (CPU, host timer); GPU-only cases are skipped"))
     from .backends.uva import uva_available

@@ -175,7 +175,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIME
     if dist.is_initialized():
         return
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        from .env import gpu_available
+
+        backend = "nccl" if gpu_available() else "gloo"
     kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -60,12 +60,9 @@ class RunSummary:
 
 
 def gpu_count() -> int:
-    try:
-        import torch
+    from .env import gpu_count as usable
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001
-        return 0
+    return usable()
 
 
 def git_commit() -> str | None:
@@ -109,9 +106,11 @@ def base_meta(suite, mode: str) -> dict[str, Any]:
 def launch_info(cases: list[Case]) -> dict[str, Any]:
     """How the ranks were started: ``torchrun`` (its world, nodes and run id) or
     ``self`` (ple_bench's own worker processes, one pool per world size)."""
-    if "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("PLE_BENCH_IN_PROCESS"):
+    from . import env as env_policy
+
+    if env_policy.launcher() != "self":
         env = os.environ
-        return {"launcher": "torchrun" if "TORCHELASTIC_RUN_ID" in env else "in_process",
+        return {"launcher": env_policy.launcher(),
                 "world_size": int(env.get("WORLD_SIZE", "1")),
                 "local_world_size": int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
                 "nnodes": int(env["GROUP_WORLD_SIZE"]) if env.get("GROUP_WORLD_SIZE") else None,
@@ -300,8 +299,9 @@ class _Executor:
         self.meta = meta
         self.writer = writer
         self.pool = None
-        self.torchrun_world = int(os.environ.get("WORLD_SIZE", "1")) if "TORCHELASTIC_RUN_ID" in os.environ \
-            or os.environ.get("PLE_BENCH_IN_PROCESS") else None
+        from .env import external_world_size
+
+        self.torchrun_world = external_world_size()
         self.inproc = None
         self.agree_group = None
         self.agree_timeout_s = 0.0
@@ -434,9 +434,10 @@ class _Executor:
 
         world = self.torchrun_world
         rank = int(os.environ.get("RANK", "0"))
-        device = torch.device("cpu")
-        if torch.cuda.is_available() and not os.environ.get("PLE_BENCH_FORCE_CPU"):
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        from .env import device_for
+
+        device = device_for(rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if device.type == "cuda":
             torch.cuda.set_device(device)
         if world > 1:
             init_distributed("gloo" if device.type == "cpu" else None)

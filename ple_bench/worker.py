@@ -40,9 +40,10 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
     from .measure.profiler import torch_trace_case
 
     try:
-        device = torch.device("cpu")
-        if torch.cuda.is_available():
-            device = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+        from .env import device_for
+
+        device = device_for(rank)  # honours PLE_BENCH_FORCE_CPU, as every entry point does
+        if device.type == "cuda":
             torch.cuda.set_device(device)
         if world > 1:
             from .parallel import init_distributed

@@ -22,7 +22,6 @@ these Python files do not disturb ``python -m ple_bench``.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -40,11 +39,9 @@ MAX_DEFAULT_ROUNDS = 100
 
 def has_gpu() -> bool:
     """A CUDA GPU is usable (``PLE_BENCH_FORCE_CPU`` pretends there is none, as for the CLI)."""
-    if os.environ.get("PLE_BENCH_FORCE_CPU"):
-        return False
-    import torch
+    from ple_bench.env import gpu_available
 
-    return torch.cuda.is_available()
+    return gpu_available()
 
 
 def pytest_addoption(parser):

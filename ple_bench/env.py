@@ -1,0 +1,69 @@
+"""One answer, for every entry point, to "what may this process use?": a usable
+CUDA GPU (``PLE_BENCH_FORCE_CPU`` pretends there is none — the CLI, the workers,
+the pytest suites and the torchrun path all honour it), how many, which device a
+rank takes, and how the ranks were launched (torchrun, in-process, or
+ple_bench's own worker processes)."""
+
+from __future__ import annotations
+
+import os
+
+FORCE_CPU_ENV = "PLE_BENCH_FORCE_CPU"
+IN_PROCESS_ENV = "PLE_BENCH_IN_PROCESS"
+
+
+def force_cpu() -> bool:
+    """``PLE_BENCH_FORCE_CPU`` is set: behave as on a machine without a GPU."""
+    return bool(os.environ.get(FORCE_CPU_ENV))
+
+
+def gpu_available() -> bool:
+    """A CUDA GPU is usable here (and not forced off)."""
+    if force_cpu():
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a broken CUDA install means "no GPU"
+        return False
+
+
+def gpu_count() -> int:
+    """Usable GPUs (0 when forced off or none)."""
+    if not gpu_available():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def launcher() -> str:
+    """``torchrun`` (its agent started the ranks), ``in_process`` (the ranks are this process and
+    its peers, ``PLE_BENCH_IN_PROCESS``) or ``self`` (ple_bench starts its own workers)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
+    if os.environ.get(IN_PROCESS_ENV):
+        return "in_process"
+    return "self"
+
+
+def external_world_size() -> int | None:
+    """The world the launcher made (``WORLD_SIZE``) when ranks were not started by ple_bench."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if launcher() != "self" else None
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def device_for(rank_index: int, local_rank: int | None = None):
+    """The device a rank takes: its GPU (``local_rank``, else ``rank % gpus``) where one is
+    usable, else the CPU."""
+    import torch
+
+    n = gpu_count()
+    if not n:
+        return torch.device("cpu")
+    index = local_rank if local_rank is not None else rank_index % n
+    return torch.device("cuda", index)
