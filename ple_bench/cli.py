@@ -1,4 +1,4 @@
-"""Command line: ``python -m ple_bench {run,list,report,compare,profile,env}``.
+"""Command line: ``python -m ple_bench {run,list,report,compare,profile,advise,env}``.
 
 Exit codes: 0 success; 1 a case failed or was invalid (run) / a regression
 (compare); 2 bad usage or a bad suite; 130 interrupted (results kept)."""
@@ -373,6 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "'none' profiles it warm")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.set_defaults(func=cmd_profile)
+    p = sub.add_parser("advise", help="where should the table live, and how looked up: ranked from measured runs")
+    from .report.advise import add_advise_args, run_advise
+
+    add_advise_args(p)
+    p.set_defaults(func=run_advise)
     p = sub.add_parser("env", help="what this machine can run, and why not")
     p.set_defaults(func=cmd_env)
     return parser

@@ -1,0 +1,293 @@
+"""``python -m ple_bench advise``: where should the PLE table live, and how should it be looked
+up, for this shape -- answered from measured runs, the answer first.
+
+Inputs: the table (``--table-bytes`` or ``--rows``), ``--dim``, ``--dtype``, ``--heads``, the
+tokens per step (``--tokens 64,256,512``), the compute between the lookup's start and its use
+(``--compute-us``), the memory the table may take (``--hbm-bytes``, ``--host-bytes``) and the run
+folders to read (``--runs``).  From the decode-step records of those runs with the same row shape
+(dim, dtype, heads), at the measured table size nearest to the asked one, the measured compute
+length nearest to the asked one, and for each asked token count the nearest measured one, it ranks
+every measured configuration -- the HBM-resident table, and the pinned host table with each lookup
+path, prefetch on / off, ids on the host / the device, eager or breakable graph -- by step time,
+with its overhead over the like-for-like resident step (``offload_overhead``, as recorded), and
+recommends the fastest that fits the memory budgets.
+
+Every number it prints is **measured** (it names the run and the measured table size, compute and
+token count it comes from); it predicts nothing: where the asked shape was not measured it says how
+far the nearest measurement is.  A what-if model for tables, ETP groups or hosts beyond the runs is
+not built yet.  ``--json`` prints the same as one JSON object.  Impossible inputs (no token count,
+a table larger than every budget, no run) exit 2 with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EXIT_BAD_USAGE = 2
+#: an overhead up to this (in %) counts as "as fast as the resident table"
+EQUAL_PCT = 5.0
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+class AdviseError(ValueError):
+    """Inputs that cannot be answered (exit 2)."""
+
+
+@dataclass
+class Option:
+    placement: str  # "HBM" | "pinned host"
+    path: str
+    prefetch: bool
+    ids_on: str
+    graph: str
+    step_ms: float
+    overhead_pct: float | None  # vs the like-for-like resident step
+    fits: bool
+    case_id: str
+    run_id: str
+
+
+@dataclass
+class TokenAnswer:
+    tokens: int
+    measured_tokens: int
+    options: list[Option] = field(default_factory=list)
+    recommendation: str = ""
+
+
+@dataclass
+class Advice:
+    table_bytes: int
+    measured_table_bytes: int
+    compute_us: float
+    measured_compute_us: float
+    answers: list[TokenAnswer]
+    verdict: str
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _present(v: Any) -> bool:
+    """A stored value (records loaded through pandas hold NaN where a field is missing)."""
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and v != ""
+
+
+def _path_name(rec: dict[str, Any]) -> str:
+    impl = str(rec.get("impl"))
+    kernel = rec.get("kernel") if _present(rec.get("kernel")) else ""
+    name = impl if not kernel else f"{impl} · {kernel}"
+    if _present(rec.get("sm_limit")) and rec.get("sm_limit"):
+        name += f" · {int(rec['sm_limit'])} SMs"
+    if _present(rec.get("cache_rows")) and rec.get("cache_rows"):
+        name += f" · cache {int(rec['cache_rows'])} rows"
+    return name
+
+
+def _nearest(values, want: float, log: bool = False):
+    def dist(v):
+        return abs(math.log(v / want)) if log and v > 0 and want > 0 else abs(v - want)
+    return min(values, key=dist) if values else None
+
+
+def load_step_records(run_dirs: list[str]) -> list[dict[str, Any]]:
+    from ..results import load
+
+    recs: list[dict[str, Any]] = []
+    for d in run_dirs:
+        df = load(d)
+        if df.empty:
+            continue
+        run_id = Path(d).name
+        for rec in df.to_dict("records"):
+            if rec.get("status") == "ok" and rec.get("kind") == "step" and rec.get("mode", "gpu") != "functional":
+                rec["_run_id"] = run_id
+                recs.append(rec)
+    return recs
+
+
+def _option(r: dict[str, Any], fits_hbm: bool, fits_host: bool) -> Option:
+    resident = r.get("impl") == "device"
+    overhead = r.get("offload_overhead")
+    return Option(placement="HBM" if resident else "pinned host", path=_path_name(r), prefetch=bool(r.get("prefetch")),
+                  ids_on=str(r["ids_on"]) if _present(r.get("ids_on")) else "device",
+                  graph=str(r["graph"]) if _present(r.get("graph")) else "eager",
+                  step_ms=float(r["step_ms"]),
+                  overhead_pct=None if resident or not _present(overhead) else 100.0 * float(overhead),
+                  fits=fits_hbm if resident else fits_host, case_id=str(r.get("case_id")), run_id=r["_run_id"])
+
+
+def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[int], compute_us: float,
+           records: list[dict[str, Any]], hbm_bytes: int | None = None, host_bytes: int | None = None,
+           graph_modes: str = "replayed") -> Advice:
+    """The ranked options and the recommendation, from measured step records.  ``graph_modes``:
+    ``replayed`` ranks graph-replayed steps where the runs have them (as a server runs the step),
+    ``any`` ranks eager steps too."""
+    if not tokens or any(t < 1 for t in tokens):
+        raise AdviseError(f"--tokens: give one or more positive token counts per step, got {tokens}")
+    if table_bytes < 1:
+        raise AdviseError("--table-bytes / --rows: the table must have at least one row")
+    if dtype not in DTYPE_BYTES:
+        raise AdviseError(f"--dtype: unknown {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    fits_hbm = hbm_bytes is None or table_bytes <= hbm_bytes
+    fits_host = host_bytes is None or table_bytes <= host_bytes
+    if not fits_hbm and not fits_host:
+        raise AdviseError(f"the table ({table_bytes / 2**30:.1f} GiB) fits neither the HBM budget "
+                          f"({hbm_bytes / 2**30:.1f} GiB) nor the host budget ({host_bytes / 2**30:.1f} GiB)")
+    same_shape = [r for r in records if (int(r.get("dim") or 0), str(r.get("dtype")), int(r.get("num_heads") or 0))
+                  == (dim, dtype, heads) and r.get("step_ms")]
+    if not same_shape:
+        raise AdviseError(f"no measured decode step of dim {dim}, {dtype}, {heads} heads in the runs given "
+                          "(run the paths suite for this shape: python -m ple_bench run --suite paths)")
+    notes: list[str] = []
+    # the newest measurement of each case (run ids sort by date): earlier runs' figures may carry errata
+    newest: dict[str, dict[str, Any]] = {}
+    for r in sorted(same_shape, key=lambda r: r["_run_id"]):
+        newest[str(r.get("case_id"))] = r
+    same_shape = list(newest.values())
+    # the nearest table size that has pinned steps with a resident baseline, else the nearest at all
+    compared = {int(r["table_bytes"]) for r in same_shape if r.get("table_bytes") and r.get("impl") != "device"
+                and _present(r.get("offload_baseline_timer"))}
+    sizes = compared or {int(r["table_bytes"]) for r in same_shape if r.get("table_bytes")}
+    measured_table = _nearest(sorted(sizes), table_bytes, log=True)
+    pool = [r for r in same_shape if int(r.get("table_bytes") or 0) == measured_table]
+    measured_compute = _nearest(sorted({float(r.get("compute_us") or 0) for r in pool}), compute_us)
+    pool = [r for r in pool if float(r.get("compute_us") or 0) == measured_compute]
+    if abs(math.log(measured_table / table_bytes)) > math.log(1.1):
+        notes.append(f"measured on a {measured_table / 2**30:.1f} GiB table, not the asked "
+                     f"{table_bytes / 2**30:.1f} GiB: the pinned row rate falls with table size "
+                     "(docs/host-allocation.md), so a larger table costs pinned paths more")
+    if measured_compute != compute_us:
+        notes.append(f"measured with {measured_compute:g} us of compute, not the asked {compute_us:g} us")
+    answers = []
+    for t in tokens:
+        measured_t = _nearest(sorted({int(r["num_tokens"]) for r in pool}), t)
+        rows = [r for r in pool if int(r["num_tokens"]) == measured_t]
+        # ranked: pinned steps with a like-for-like resident baseline (same graph mode, ids, timer:
+        # records that name offload_baseline_timer), as a server runs the step (graph-replayed) where
+        # such were measured; the resident steps are listed as they are
+        pinned = [r for r in rows if r.get("impl") != "device" and _present(r.get("offload_baseline_timer"))
+                  and _present(r.get("offload_overhead"))]
+        replayed = [r for r in pinned if r.get("graph", "eager") != "eager"]
+        if replayed and graph_modes == "replayed":
+            pinned = replayed
+        resident = [r for r in rows if r.get("impl") == "device"]
+        options = [_option(r, fits_hbm, fits_host) for r in resident + pinned]
+        options.sort(key=lambda o: (o.placement != "HBM", not o.fits,
+                                    o.overhead_pct if o.overhead_pct is not None else o.step_ms))
+        ans = TokenAnswer(tokens=t, measured_tokens=measured_t, options=options)
+        ranked = [o for o in options if o.placement != "HBM" and o.fits]
+        best = ranked[0] if ranked else None
+        if best is None:
+            ans.recommendation = ("HBM" if fits_hbm else "no measured pinned option fits") + \
+                ": no pinned path with a like-for-like resident baseline was measured at this shape"
+        elif not fits_hbm:
+            ans.recommendation = (f"pinned host (the table does not fit the HBM budget): {best.path}, ids on the "
+                                  f"{best.ids_on}, {best.graph}, {best.overhead_pct:+.0f} % over an HBM-resident step")
+        elif best.overhead_pct <= EQUAL_PCT:
+            ans.recommendation = (f"pinned host: {best.path}, ids on the {best.ids_on}, {best.graph}, prefetch "
+                                  f"{'on' if best.prefetch else 'off'} costs {best.overhead_pct:+.0f} % over HBM — "
+                                  f"free the table's {table_bytes / 2**30:.1f} GiB of HBM")
+        else:
+            ans.recommendation = (f"HBM: the best pinned path ({best.path}, ids on the {best.ids_on}, {best.graph}) "
+                                  f"costs {best.overhead_pct:+.0f} %")
+        if measured_t != t:
+            ans.recommendation += f" (measured at {measured_t} tokens)"
+        answers.append(ans)
+    verdict = _verdict(answers, fits_hbm)
+    return Advice(table_bytes, measured_table, compute_us, measured_compute, answers, verdict, notes)
+
+
+def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
+    host = [a.tokens for a in answers if a.recommendation.startswith("pinned host")]
+    hbm = [a.tokens for a in answers if a.recommendation.startswith("HBM")]
+    if not fits_hbm:
+        return "The table does not fit the HBM budget: pinned host memory, with the path ranked first below."
+    if host and not hbm:
+        return f"Keep the table in pinned host memory: as fast as HBM (within {EQUAL_PCT:.0f} %) at every asked token count."
+    if hbm and not host:
+        return "Keep the table in HBM: no measured pinned path is within 5 % of it at the asked token counts."
+    return (f"Pinned host memory is as fast as HBM at {', '.join(map(str, host))} tokens; "
+            f"from {min(hbm)} tokens HBM wins." if host and hbm and min(hbm) > max(host) else
+            f"Mixed: pinned host memory at {', '.join(map(str, host))} tokens, HBM at {', '.join(map(str, hbm))}.")
+
+
+def format_text(a: Advice) -> str:
+    lines = [a.verdict, ""]
+    lines.append(f"table {a.table_bytes / 2**30:.1f} GiB (measured {a.measured_table_bytes / 2**30:.1f} GiB), "
+                 f"compute {a.compute_us:g} us (measured {a.measured_compute_us:g} us); every number below is "
+                 "measured (run and case named), none predicted")
+    for n in a.notes:
+        lines.append(f"note: {n}")
+    for ans in a.answers:
+        lines += ["", f"{ans.tokens} tokens per step (measured at {ans.measured_tokens}): {ans.recommendation}",
+                  "  resident (HBM) steps first, then the pinned options ranked by their overhead over the resident "
+                  "step of the same graph mode, ids and timer",
+                  f"  {'#':>2} {'placement':<11} {'path':<34} {'pf':<3} {'ids':<6} {'graph':<9} {'step ms':>8} "
+                  f"{'vs HBM':>8}  run"]
+        for i, o in enumerate(ans.options, 1):
+            over = "" if o.overhead_pct is None else f"{o.overhead_pct:+.0f} %"
+            fits = "" if o.fits else "  (does not fit its budget)"
+            lines.append(f"  {i:>2} {o.placement:<11} {o.path[:34]:<34} {'on' if o.prefetch else 'off':<3} "
+                         f"{o.ids_on:<6} {o.graph:<9} {o.step_ms:8.3f} {over:>8}  {o.run_id}{fits}")
+    return "\n".join(lines)
+
+
+def add_advise_args(p: argparse.ArgumentParser) -> None:
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--table-bytes", help="table size, e.g. 47.7GiB or 51200286720")
+    size.add_argument("--rows", type=int, help="table rows (vocabulary)")
+    p.add_argument("--dim", type=int, required=True)
+    p.add_argument("--dtype", required=True, help="fp32 | fp16 | bf16 | fp8")
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--tokens", required=True, help="tokens per step, comma-separated (e.g. 64,256,512)")
+    p.add_argument("--compute-us", type=float, required=True,
+                   help="compute between the lookup's start and its use, in microseconds")
+    p.add_argument("--hbm-bytes", help="HBM the table may take (default: no limit)")
+    p.add_argument("--host-bytes", help="host memory the table may take (default: no limit)")
+    p.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR", help="run folders to read (docs/runs/*)")
+    p.add_argument("--graph", choices=["replayed", "any"], default="replayed",
+                   help="rank graph-replayed steps where the runs have them, as a server runs the step "
+                        "(default), or eager steps too")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+
+
+def run_advise(args: argparse.Namespace) -> int:
+    from ..suite import _SIZE_RE, _SIZE_UNITS
+
+    try:
+        def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
+            m = _SIZE_RE.match(str(value))
+            if not m:
+                raise AdviseError(f"--{name}: {value!r} is not a size (e.g. 47.7GiB, 200GB, 51200286720)")
+            n = int(round(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()]))
+            if n < 1:
+                raise AdviseError(f"--{name}: {value!r} must be positive")
+            return n
+
+        try:
+            tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]
+        except ValueError:
+            raise AdviseError(f"--tokens: {args.tokens!r} is not a comma-separated list of integers") from None
+        row_bytes = args.dim * DTYPE_BYTES.get(args.dtype, 1)
+        table = size("table-bytes", args.table_bytes) if args.table_bytes else args.rows * row_bytes
+        missing = [d for d in args.runs if not (Path(d) / "meta.json").exists()]
+        if missing:
+            raise AdviseError(f"--runs: not a run folder (no meta.json): {', '.join(missing)}")
+        advice = advise(table_bytes=table, dim=args.dim, dtype=args.dtype, heads=args.heads, tokens=tokens,
+                        compute_us=args.compute_us, records=load_step_records(args.runs),
+                        hbm_bytes=size("hbm-bytes", args.hbm_bytes) if args.hbm_bytes else None,
+                        host_bytes=size("host-bytes", args.host_bytes) if args.host_bytes else None,
+                        graph_modes=args.graph)
+    except AdviseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    print(json.dumps(advice.to_json(), indent=1) if args.json else format_text(advice))
+    return 0
