@@ -243,7 +243,8 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
         Column("compute_ms", "compute ms"),
         Column("exposed_ms", "exposed ms", help="lookup time not hidden behind compute"),
         Column("overlap_efficiency", "overlap eff.", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.0f}%",
-               help="share of the lookup hidden behind compute"),
+               help="1 - exposed / exposed of the same step without prefetch (record overlap_twin); "
+                    "negative: the prefetch made the step slower"),
         Column("compute_slowdown", "compute slowdown", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.0f}%",
                help="in-step compute / compute alone - 1"),
         Column("offload_overhead", "offload overhead",
