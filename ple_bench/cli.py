@@ -380,7 +380,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=run_advise)
     p = sub.add_parser("env", help="what this machine can run, and why not")
     p.set_defaults(func=cmd_env)
+    p = sub.add_parser("schema", help="print the record schema as markdown (README's record section)")
+    p.set_defaults(func=cmd_schema)
     return parser
+
+
+def cmd_schema(args) -> int:
+    from .record import markdown
+
+    sys.stdout.write(markdown())
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

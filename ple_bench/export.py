@@ -23,15 +23,15 @@ from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Sequence
 
+from .record import keys_for
 from .report.data import ALL_AXES, BadRunError, Run, load_run, samples_of
 
-# Scalar record fields carried along in each benchmark's extra_info.
-EXTRA_KEYS = (
-    "median_ms", "p10_ms", "p90_ms", "cv", "gbps", "rows_per_s", "ceiling", "ceiling_gbps", "pct_of_ceiling",
-    "hot_median_ms", "graph_median_ms", "bytes_moved", "rows", "row_bytes", "table_bytes", "timer", "mode",
-    "sm_clock_mhz", "throttled_samples", "step_ms", "lookup_ms", "compute_ms", "exposed_ms",
-    "compute_slowdown", "overlap_efficiency", "offload_overhead", "gather_ms", "reduce_ms", "rank_spread_ms",
-)
+# Scalar record fields carried along in each benchmark's extra_info: the schema's
+# (ple_bench/record.py) scalar measurement fields, lookups' and steps'.
+_NOT_EXTRA = {"schema_version", "case_id", "status", "reason", "traceback", "finished_at", "host_alloc_note",
+              "graph_break_cost_note", "upgraded_from"}
+EXTRA_KEYS = tuple(k for k in dict.fromkeys(keys_for("lookup", scalar=True) + keys_for("step", scalar=True))
+                   if k not in _NOT_EXTRA)
 PYTEST_BENCHMARK_VERSION_FALLBACK = "5.2.3"
 
 

@@ -11,7 +11,12 @@ This format is a public interface (nightly CI and dashboards parse it):
 ``records.jsonl``: one JSON object per case, appended and flushed as each case
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
 invalid), ``reason``, every axis of :class:`~ple_bench.case.Case` under its own
-name, and (``None`` where not measured) the keys in :data:`RECORD_KEYS`.
+name, and (``None`` where not measured) the keys in :data:`RECORD_KEYS`.  Every
+field -- its unit, the kinds of case that carry it, its definition -- is in the
+schema, :mod:`ple_bench.record` (``python -m ple_bench schema`` prints it), with
+``schema_version``.  Derived figures are computed there once, before a record is
+written; :func:`load_records` / :func:`load` upgrade older records to the current
+schema (:func:`ple_bench.record.upgrade`: ``upgraded_from``, ``missing_fields``).
 
 ``timer``: ``cuda_event`` (events around calls queued behind a launch-hiding
 spin), ``host_sync`` (each sample one synchronized call on the host clock: for
@@ -21,39 +26,9 @@ the events' time of the same calls is in ``event_samples_ms`` /
 
 Host paths (backends that declare ``reads_ids_on_host``) also carry the
 host-gather ceiling of their table and row count (``meta.json``:
-``ceilings["host_gather"]["<table bytes>:<rows>:<row bytes>"]``):
-``host_gather_ceiling_ms`` (ms per gather), ``host_gather_ceiling_rows_per_s``
-(rows/s), and their share of it, in percent of its rows/s:
-``pct_of_host_gather_ceiling`` (lookups, from ``median_ms``) or
-``lookup_pct_of_host_gather_ceiling`` (steps, from ``lookup_ms``).  Resident
-(``device``) steps timed by ``cuda_event`` also carry ``step_host_sync_ms``
-(the same step, host-sync timer): the like-for-like baseline of host-blocking
-paths; ``offload_baseline`` / ``offload_baseline_timer`` name the resident step
-that ``offload_overhead`` is measured against.
-
-What a table in host memory cost (:data:`HOST_ALLOC_KEYS`; every case of a
-backend whose table is in host memory, ``None`` for the others).  The axis
-``host_alloc`` says how it was allocated (``torch`` | ``exact`` | ``exact_huge``,
-see :mod:`ple_bench.backends.host_alloc`).  One allocation serves every case that
-reuses the table; those cases carry its figures and ``table_reused = true``.
-
-* ``pinned_bytes`` (bytes): bytes page-locked for this rank's shard (torch: the
-  power-of-two block; exact: the page-rounded mapping); 0 in functional mode,
-  where nothing is pinned.
-* ``host_table_bytes`` (bytes): host bytes the allocation reserves (as
-  ``pinned_bytes`` on a GPU; in functional mode the unpinned size).
-* ``table_alloc_s`` (seconds): to allocate and pin the shard (``cudaHostAlloc``
-  inside torch, or map + ``cudaHostRegister``).
-* ``table_fill_s`` (seconds): to fill the shard with its synthetic rows and check
-  it loaded.
-* ``host_mem_free_before_bytes`` / ``host_mem_free_after_bytes`` (bytes):
-  MemAvailable of ``/proc/meminfo`` before the table was allocated and after it
-  was filled (this rank's view; ranks allocate concurrently).
-* ``host_alloc_from_cache`` (bool): torch mode on a GPU: the block came from
-  torch's cache of freed pinned blocks (nothing was pinned anew: then
-  ``table_alloc_s`` is not a pinning time); ``None`` otherwise.
-* ``host_alloc_note`` (text): how the memory was allocated, in words.
-* ``table_reused`` (bool): the case ran on a table an earlier case allocated.
+``ceilings["host_gather"]["<table bytes>:<rows>:<row bytes>"]``); a table in
+host memory, what it cost (:data:`HOST_ALLOC_KEYS`; the axis ``host_alloc`` says
+how it was allocated, see :mod:`ple_bench.backends.host_alloc`).
 """
 
 from __future__ import annotations
@@ -67,23 +42,9 @@ from typing import Any, Iterable
 
 STATUSES = ("ok", "skipped", "failed", "invalid")
 
-# Keys every record carries (None when not measured for that case).
-RECORD_KEYS = (
-    "case_id", "status", "reason", "timer", "mode",
-    "median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms", "iqr_ms", "cv",
-    "n_samples", "samples_ms",
-    "hot_median_ms", "hot_samples_ms",  # warm-L2 measurement
-    "graph_median_ms", "graph_samples_ms",  # CUDA-graph replay of the lookup alone
-    "sm_clock_mhz", "throttled_samples", "samples_throttled",
-    "bytes_moved", "rows", "gbps", "rows_per_s", "ceiling", "ceiling_gbps", "pct_of_ceiling",
-)
-# What a table in host memory cost (documented above).
-HOST_ALLOC_KEYS = (
-    "pinned_bytes", "host_table_bytes", "table_alloc_s", "table_fill_s",
-    "host_mem_free_before_bytes", "host_mem_free_after_bytes", "host_alloc_from_cache",
-    "host_alloc_note", "table_reused",
-)
-RECORD_KEYS += HOST_ALLOC_KEYS
+# Keys every record carries (None when not measured for that case): the schema's.
+from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION  # noqa: E402
+from .record import upgrade as _upgrade  # noqa: E402
 
 
 def kept_samples(samples: list[float], throttled: list[bool] | None) -> list[float]:
@@ -164,7 +125,7 @@ class RunWriter:
             os.fsync(fh.fileno())
 
     def done_case_ids(self) -> set[str]:
-        return {r["case_id"] for r in load_records(self.run_dir)}
+        return {r["case_id"] for r in load_records(self.run_dir, upgrade=False)}
 
 
 def load_meta(run_dir: str | Path) -> dict[str, Any]:
@@ -174,9 +135,11 @@ def load_meta(run_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
+def load_records(run_dir: str | Path, *, upgrade: bool = True) -> list[dict[str, Any]]:
     """Records of a run; a torn last line (a run killed mid-write) is ignored.
-    An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/)."""
+    An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/).
+    ``upgrade``: records of an older schema come in the current one
+    (:func:`ple_bench.record.upgrade`, with the run's ceilings); ``False``: as stored."""
     path = Path(run_dir) / "records.jsonl"
     packed = path.with_name("records.jsonl.gz")
     if path.exists():
@@ -202,17 +165,25 @@ def load_records(run_dir: str | Path) -> list[dict[str, Any]]:
     latest: dict[str, dict[str, Any]] = {}
     for rec in out:
         latest[rec["case_id"]] = rec
-    return list(latest.values())
+    records = list(latest.values())
+    if upgrade and any(r.get("schema_version") != SCHEMA_VERSION for r in records):
+        meta_path = Path(run_dir) / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        records = _upgrade(records, meta)
+    return records
 
 
 def load(run_dir: str | Path):
-    """The records of a run as a pandas DataFrame (one row per case)."""
+    """The records of a run as a pandas DataFrame (one row per case), in the current
+    schema: older records upgraded (``upgraded_from``; ``missing_fields`` lists what an
+    old record lacks; ``df.attrs["upgraded"]`` counts them)."""
     import pandas as pd
 
     records = load_records(run_dir)
     df = pd.DataFrame.from_records(records)
     if df.empty:
         df = pd.DataFrame(columns=list(RECORD_KEYS))
+    df.attrs["upgraded"] = sum(1 for r in records if r.get("upgraded_from"))
     return df
 
 

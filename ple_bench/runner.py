@@ -121,11 +121,12 @@ def launch_info(cases: list[Case]) -> dict[str, Any]:
 
 def order_cases(cases: list[Case]) -> list[Case]:
     """Group cases by world size and table so each table is built once; resident
-    (device) tables first, so pinned step cases find their resident baseline."""
+    (device) tables first, so pinned step cases find their resident baseline; within
+    a table, prefetch off before prefetch on, so prefetch steps find their overlap twin."""
     def key(c: Case):
         return (c.world_size, c.tp, c.etp, c.dp, c.vocab_size, c.dim, c.dtype, c.num_heads,
                 c.impl != "device", c.impl, c.kernel, c.cache_rows, c.num_tokens, c.kind,
-                c.case_id)
+                c.prefetch, c.case_id)
     return sorted(cases, key=key)
 
 
@@ -153,29 +154,27 @@ def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer)
         writer.update_meta(ceilings=ceilings)
 
 
-def derive_metrics(rec: dict[str, Any], case: Case, ceilings: dict[str, Any], mode: str) -> None:
-    """GB/s, rows/s and the share of the ceiling that binds this case."""
-    median = rec.get("median_ms")
-    rows = rec.get("rows")
-    nbytes = rec.get("bytes_moved")
-    if median and median > 0 and rows:
-        rec["rows_per_s"] = rows / (median / 1e3)
-        rec["gbps"] = nbytes / (median * 1e6)
-    if mode != "gpu":
-        name = "host_memcpy_gbps"
-    elif case.impl == "device" or case.impl.startswith("device"):
-        name = "d2d_gbps"  # the table is in HBM
-    else:
-        name = "h2d_gbps"  # the table is in host memory: PCIe binds
-    ceiling = ceilings.get(name)
-    rec["ceiling"] = name
-    rec["ceiling_gbps"] = ceiling
-    if ceiling and rec.get("gbps"):
-        rec["pct_of_ceiling"] = 100.0 * rec["gbps"] / ceiling
-    rr = ceilings.get("pinned_random_row_gbps") if name == "h2d_gbps" else ceilings.get(
-        "device_random_row_gbps")
-    if rr and rec.get("gbps"):
-        rec["pct_of_random_row_ceiling"] = 100.0 * rec["gbps"] / rr
+def table_in_host_memory(impl: str) -> bool | None:
+    """The backend's declared capability ``table_in_host_memory`` (None when the
+    backend cannot be resolved here)."""
+    from .backends import get_backend
+
+    try:
+        return bool(getattr(get_backend(impl), "table_in_host_memory", False))
+    except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
+        return None
+
+
+def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any],
+                  twins: dict[str, tuple[str, float]]) -> None:
+    """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
+    are computed), then the record joins ``twins`` if it is a prefetch-off step."""
+    from . import record
+
+    rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
+    record.derive(rec, meta.get("ceilings") or {}, twins)
+    if record.is_prefetch_off_twin(rec):
+        twins[record.twin_key(rec)] = (rec["case_id"], float(rec["exposed_ms"]))
 
 
 class _Progress:
@@ -233,12 +232,16 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
     executor = _Executor(options, meta, writer)
+    from .record import twins_of
+    from .results import load_records
+
+    twins = twins_of(load_records(run_dir)) if done else {}  # prefetch-off steps: overlap twins
     try:
         for case in todo:
             progress.start(case.case_id)
             rec = executor.run_case(case, policy)
             _keep_host_gather_ceiling(rec, meta, writer)
-            derive_metrics(rec, case, meta.get("ceilings") or {}, mode)
+            derive_record(rec, case, meta, twins)
             writer.append(rec)
             counts[rec["status"]] += 1
             progress.done(rec["status"])

@@ -511,14 +511,14 @@ def _median(samples: Sequence[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
 
-STEP_KEYS = (
-    "step_ms", "step_samples_ms", "lookup_ms", "lookup_samples_ms", "compute_ms", "compute_samples_ms",
-    "compute_in_step_ms", "compute_in_step_samples_ms", "compute_region_alone_ms",
-    "compute_region_alone_samples_ms", "exposed_ms", "compute_slowdown", "overlap_efficiency",
-    "offload_overhead", "graph_break_cost_ms", "full_step_ms", "full_step_samples_ms",
-    "compute_matmuls", "compute_target_us", "matmul_us", "median_ms", "samples_ms", "samples_throttled", "timer",
-    "step_host_sync_ms", "step_host_sync_samples_ms",
-)
+def _step_keys() -> tuple[str, ...]:
+    from .record import FIELDS
+
+    return tuple(f.name for f in FIELDS if f.kinds == "step" and not f.derived and not f.legacy)
+
+
+#: the step fields of the record schema (:mod:`ple_bench.record`) that a step measurement fills
+STEP_KEYS = _step_keys()
 
 
 def run_step_case(
@@ -549,10 +549,10 @@ def run_step_case(
     lookup alone (start_prefetch + finalize, or lookup); ``compute_ms`` the step
     without its lookup (compute + consumer); ``exposed_ms`` = step - compute (the
     lookup time the compute did not hide, break costs included);
-    ``overlap_efficiency`` = clamp(1 - exposed / lookup, 0, 1);
-    ``compute_slowdown`` = in-step compute region / compute region alone - 1
-    (eager runs, events around the matmuls on the main stream: how much the
-    side-stream lookup slows the compute beside it); ``offload_overhead`` =
+    ``compute_in_step_ms`` / ``compute_region_alone_ms`` the compute region in the
+    step and alone (events around the matmuls on the main stream), from which
+    :func:`ple_bench.record.derive` computes ``compute_slowdown``, as it computes
+    ``overlap_efficiency`` against the prefetch-off twin; ``offload_overhead`` =
     step / resident step - 1; ``graph_break_cost_ms`` = breakable step - full
     step (breakable cases on one rank, when a full graph can be captured);
     ``compute_matmuls``, ``matmul_us`` (calibrated), ``compute_target_us``;
@@ -662,12 +662,6 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
         compute_matmuls=step.compute_matmuls, compute_target_us=case.compute_us,
         matmul_us=step.matmul_us,
     )
-    if in_step and alone and _median(alone) > 0:
-        rec["compute_slowdown"] = _median(in_step) / _median(alone) - 1.0
-    else:
-        rec["compute_slowdown"] = None  # no compute (compute_us = 0)
-    rec["overlap_efficiency"] = (min(1.0, max(0.0, 1.0 - exposed / lookup_ms))
-                                 if lookup_ms and lookup_ms > 0 else None)
     base = resident_baseline.get("step_ms") if isinstance(resident_baseline, dict) else resident_baseline
     rec["offload_overhead"] = step_ms / base - 1.0 if base else None
 

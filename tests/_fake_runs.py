@@ -16,10 +16,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ple_bench import record
 from ple_bench.case import Case
 from ple_bench.results import RunWriter
 
-CEILINGS = {"h2d_gbps": 55.2, "d2h_gbps": 55.1, "d2d_gbps": 4186.0, "pinned_random_row_gbps": 31.5}
+CEILINGS = {"h2d_gbps": 55.2, "d2h_gbps": 55.1, "d2d_gbps": 4186.0, "pinned_random_row_gbps": 50.5,
+            "pinned_random_row_gbps_160B": 40.0, "pinned_random_row_gbps_512B": 50.5,
+            "device_random_row_gbps": 800.0, "device_random_row_gbps_160B": 420.0,
+            "device_random_row_gbps_512B": 800.0}
 GPU_DEVICE = {"name": "NVIDIA H200", "driver": "580.95.05", "cuda": "13.0", "memory_bytes": 150_000_000_000,
               "sm_count": 132, "l2_bytes": 62_914_560}
 
@@ -65,12 +69,12 @@ def model_lookup_ms(case: Case) -> tuple[float, str]:
     row_eff = min(1.0, case.row_bytes / 512) ** 0.5
     if case.impl == "device":
         l2 = case.table_bytes < GPU_DEVICE["l2_bytes"]
-        bw = CEILINGS["d2d_gbps"] * (0.7 if l2 else 0.3) * row_eff
-        lat_ms, ceiling = 0.006, "d2d_gbps"
+        bw = CEILINGS["device_random_row_gbps_512B"] * (0.9 if l2 else 0.5) * row_eff
+        lat_ms, ceiling = 0.006, "device_random_row_gbps"
     else:
         size_eff = 0.9 if case.table_bytes < (1 << 30) else 0.75
-        bw = CEILINGS["h2d_gbps"] * size_eff * row_eff
-        lat_ms, ceiling = 0.012, "h2d_gbps"
+        bw = CEILINGS["pinned_random_row_gbps_512B"] * size_eff * row_eff
+        lat_ms, ceiling = 0.012, "pinned_random_row_gbps"
     topo = 1.0 + 0.35 * (case.etp - 1) + 0.15 * (case.dp - 1)
     return (lat_ms + nbytes / (bw * 1e9) * 1e3) * topo, ceiling
 
@@ -81,14 +85,8 @@ def lookup_record(case: Case, samples: list[float], ceiling: str | None, ceiling
     rec.update(stats_fields(samples))
     rows = case.num_tokens * case.num_heads * case.dp
     nbytes = rows * case.row_bytes
-    median_s = rec["median_ms"] / 1e3
-    gbps = nbytes / median_s / 1e9
-    ceiling_gbps = ceilings.get(ceiling) if ceiling else None
     rec.update({
-        "timer": timer, "mode": mode, "rows": rows, "bytes_moved": nbytes, "gbps": gbps,
-        "rows_per_s": rows / median_s, "ceiling": ceiling if ceiling_gbps else None,
-        "ceiling_gbps": ceiling_gbps,
-        "pct_of_ceiling": 100.0 * gbps / ceiling_gbps if ceiling_gbps else None,
+        "timer": timer, "mode": mode, "rows": rows, "bytes_moved": nbytes,
         "row_bytes": case.row_bytes, "table_bytes": case.table_bytes,
         "hot_median_ms": rec["median_ms"] * 0.8, "graph_median_ms": rec["median_ms"] * 0.9,
         "sm_clock_mhz": 1980 if mode == "gpu" else None, "throttled_samples": 0,
@@ -103,7 +101,14 @@ def not_measured(case: Case, status: str, reason: str) -> dict[str, Any]:
 
 
 def write_run(results_dir: str | Path, run_id: str, meta: dict[str, Any],
-              records: Iterable[dict[str, Any]]) -> Path:
+              records: Iterable[dict[str, Any]], *, derive: bool = True) -> Path:
+    """Writes the records as the runner does: derived figures by ``record.derive``
+    (``derive=False``: as given, i.e. an old-schema run without ``schema_version``)."""
+    records = list(records)
+    if derive:
+        twins = record.twins_of(records)
+        for rec in records:
+            record.derive(rec, meta.get("ceilings") or {}, twins)
     writer = RunWriter(Path(results_dir) / run_id)
     writer.write_meta(meta)
     for rec in records:
@@ -190,11 +195,9 @@ def write_gpu_run(results_dir: str | Path, run_id: str = "20261130-020000-nightl
         rec.update({
             "step_ms": med, "lookup_ms": lookup_ms, "compute_ms": compute_ms, "exposed_ms": exposed,
             "compute_slowdown": slowdown,
-            "overlap_efficiency": min(1.0, max(0.0, 1.0 - exposed / lookup_ms)) if case.prefetch else 0.0,
             "offload_overhead": (med / device_step[case.compute_us] - 1.0) if case.impl != "device"
             and case.compute_us in device_step else None,
             "step_samples_ms": samples, "exposed_samples_ms": noisy(rng, exposed, n_samples, noise_cv),
-            "gbps": None, "rows_per_s": None, "ceiling": None, "ceiling_gbps": None, "pct_of_ceiling": None,
         })
         records.append(rec)
     if include_broken:
@@ -225,8 +228,7 @@ def write_cpu_run(results_dir: str | Path, run_id: str = "20261130-101500-smoke-
     step = Case(kind="step", impl="device", dtype="bf16", dim=64, vocab_size=4096, num_tokens=16,
                 compute_us=100.0)
     srec = lookup_record(step, noisy(rng, 1.5, 5, 0.1), None, {}, mode="functional", timer="host_monotonic")
-    srec.update({"step_ms": srec["median_ms"], "exposed_ms": None, "overlap_efficiency": None,
-                 "gbps": None, "rows_per_s": None})
+    srec.update({"step_ms": srec["median_ms"], "exposed_ms": None})
     records.append(srec)
     records.append(not_measured(Case(impl="pinned_uva", dtype="fp8", dim=64, vocab_size=4096),
                                 "skipped", "pinned_uva needs CUDA (UVA); functional CPU run"))
@@ -242,7 +244,7 @@ def median(values: list[float]) -> float:
 # ------------------------------------------------------------ lookup paths and overlap
 
 def _planted_lookup(case: Case, median_ms: float, rng: np.random.Generator, **extra: Any) -> dict[str, Any]:
-    ceiling = "d2d_gbps" if case.impl == "device" else "h2d_gbps"
+    ceiling = "device_random_row_gbps" if case.impl == "device" else "pinned_random_row_gbps"
     return lookup_record(case, noisy(rng, median_ms, 20, 0.005), ceiling, CEILINGS, **extra)
 
 
@@ -257,9 +259,10 @@ def write_paths_run(results_dir: str | Path, run_id: str = "20261130-030000-path
     * The default pinned path's GB/s at 4096 tokens falls 4x from 64 MiB to 16 GiB.
     * zipf:1.1 ids take half the uniform time on the default pinned path at 4096 tokens.
     * ``pinned_hot_cache`` records a hit rate of 0.37 in ``extra``.
-    * Decode steps: at 64 tokens the prefetching default pinned path hides 100% at
-      compute_us = 400 and slows the compute by 2%; at 512 tokens it hides nothing and
-      slows the compute by 150%, without prefetch by 1%.
+    * Decode steps (each prefetch step with its prefetch-off twin): at 64 tokens the
+      prefetching default pinned path hides 100% at compute_us = 400 and slows the compute
+      by 2%; at 512 tokens it hides nothing (overlap 0) and slows the compute by 150%,
+      without prefetch by 1%.
     """
     rng = np.random.default_rng(seed)
     records: list[dict[str, Any]] = []
@@ -292,15 +295,15 @@ def write_paths_run(results_dir: str | Path, run_id: str = "20261130-030000-path
         step_ms = compute_ms + exposed_ms + 0.004
         rec = lookup_record(case, noisy(rng, step_ms, 20, 0.005), None, CEILINGS)
         rec.update({"step_ms": rec["median_ms"], "lookup_ms": lookup_ms, "compute_ms": compute_ms,
-                    "exposed_ms": exposed_ms, "compute_slowdown": slowdown,
-                    "overlap_efficiency": max(0.0, min(1.0, 1 - exposed_ms / lookup_ms)),
-                    "gbps": None, "rows_per_s": None, "ceiling": None, "ceiling_gbps": None,
-                    "pct_of_ceiling": None})
+                    "exposed_ms": exposed_ms, "compute_slowdown": slowdown})
         return rec
 
+    # the prefetch-off twins come first, as the runner orders them
+    for cu in (0.0, 50.0, 200.0, 400.0):
+        records.append(step(64, False, cu, 0.0156, 0.0156, 0.0))
+        records.append(step(512, False, cu, 0.215, 0.3, 0.01))
     for cu, exposed in ((0.0, 0.012), (50.0, 0.008), (200.0, 0.004), (400.0, 0.0)):
         records.append(step(64, True, cu, 0.0156, exposed, 0.02))
     for cu in (0.0, 50.0, 200.0, 400.0):
         records.append(step(512, True, cu, 0.215, 0.3, 1.5))
-        records.append(step(512, False, cu, 0.215, 0.3, 0.01, graph="breakable"))
     return write_run(results_dir, run_id, gpu_meta(run_id, suite="paths"), records)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ple_bench import results
+from ple_bench.record import SCHEMA_VERSION
 from ple_bench.results import RECORD_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +91,12 @@ def test_run_smoke_end_to_end(tmp_path):
         if r["status"] == "ok":
             assert r["timer"] == "host_monotonic"
             assert r["median_ms"] > 0 and len(r["samples_ms"]) == r["n_samples"] >= 1
-            assert r["gbps"] > 0 and r["rows_per_s"] > 0 and r["pct_of_ceiling"] > 0
+            assert r["schema_version"] == SCHEMA_VERSION and r["upgraded_from"] is None
+            if r["kind"] == "lookup":
+                assert r["gbps"] > 0 and r["rows_per_s"] > 0 and r["pct_of_ceiling"] > 0
+                assert r["ceiling"] == "host_memcpy_gbps"  # functional mode
+            else:  # steps carry no GB/s and no share of a ceiling
+                assert r["gbps"] is None and r["ceiling"] is None and r["pct_of_ceiling"] is None
         else:
             assert r["reason"]
     # multi-rank cases really ran on two gloo ranks

@@ -167,8 +167,8 @@ def test_run_step_case_record(impl, prefetch):
     ids = torch.stack(make_ids(3, seed=21))  # three id sets, rotated into the static input
     rec = run_step_case(_case(impl, prefetch=prefetch), backend, ids, None, _tiny_policy(), "cpu",
                         resident_baseline={"step_ms": 0.5}, table_seed=SEED)
-    for key in ("step_ms", "lookup_ms", "compute_ms", "exposed_ms", "compute_slowdown",
-                "overlap_efficiency", "offload_overhead", "graph_break_cost_ms", "median_ms",
+    for key in ("step_ms", "lookup_ms", "compute_ms", "exposed_ms", "compute_in_step_ms",
+                "compute_region_alone_ms", "offload_overhead", "graph_break_cost_ms", "median_ms",
                 "samples_ms", "step_samples_ms", "lookup_samples_ms", "compute_samples_ms",
                 "compute_in_step_samples_ms", "compute_region_alone_samples_ms", "compute_matmuls",
                 "timer"):
@@ -181,14 +181,12 @@ def test_run_step_case_record(impl, prefetch):
                                                  else sum(sorted(samples)[1:3]) / 2)
     assert rec["median_ms"] == rec["step_ms"] and rec["samples_ms"] == rec["step_samples_ms"]
     assert rec["exposed_ms"] == pytest.approx(rec["step_ms"] - rec["compute_ms"])
-    assert 0.0 <= rec["overlap_efficiency"] <= 1.0
-    expected_eff = min(1.0, max(0.0, 1 - rec["exposed_ms"] / rec["lookup_ms"]))
-    assert rec["overlap_efficiency"] == pytest.approx(expected_eff)
+    # the derived figures are not the measurement's: record.derive computes them (tests/test_record.py)
+    assert "overlap_efficiency" not in rec and "compute_slowdown" not in rec
     assert rec["offload_overhead"] == pytest.approx(rec["step_ms"] / 0.5 - 1)
     assert rec["compute_matmuls"] >= 1
     assert len(rec["compute_in_step_samples_ms"]) >= 5
-    assert rec["compute_slowdown"] == pytest.approx(
-        rec["compute_in_step_ms"] / rec["compute_region_alone_ms"] - 1)
+    assert rec["compute_in_step_ms"] > 0 and rec["compute_region_alone_ms"] > 0
     assert rec["graph_break_cost_ms"] is None  # eager case
 
 

@@ -27,14 +27,6 @@ AXES = (
 )
 ALL_AXES = AXES + ("seed", "extra")
 
-# Bytes per element when a record lacks row_bytes (old runs); no torch import.
-ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-
-STEP_KEYS = (
-    "step_ms", "lookup_ms", "compute_ms", "exposed_ms", "compute_slowdown",
-    "overlap_efficiency", "offload_overhead",
-)
-MULTIRANK_KEYS = ("gather_ms", "reduce_ms", "rank_spread_ms")
 
 # The kernel a backend uses when a case names none (kernel ""): see each
 # backend's ``default_kernel``.  A lookup *path* is impl + the kernel it ran.
@@ -155,21 +147,13 @@ def path_label(record: dict[str, Any]) -> str:
 
 
 def normalize(record: dict[str, Any]) -> dict[str, Any]:
-    """A copy with derived fields filled where the record lacks them."""
+    """A copy with the report's display label ``path`` (impl · kernel).  Record fields
+    are read as stored (older records come upgraded by :func:`ple_bench.results.load_records`,
+    the schema's :func:`ple_bench.record.upgrade`); nothing is recomputed here."""
     r = dict(record)
     r.setdefault("status", "ok")
     r.setdefault("case_id", "?")
     r["path"] = path_label(r)
-    if num(r.get("row_bytes")) is None and num(r.get("dim")) is not None and r.get("dtype") in ELEMENT_BYTES:
-        r["row_bytes"] = int(r["dim"]) * ELEMENT_BYTES[r["dtype"]]
-    if num(r.get("table_bytes")) is None and num(r.get("row_bytes")) is not None and num(r.get("vocab_size")) is not None:
-        r["table_bytes"] = int(r["row_bytes"]) * int(r["vocab_size"])
-    if num(r.get("median_ms")) is None:
-        samples = measured_samples(r)
-        if samples:
-            r["median_ms"] = statistics.median(samples)
-        elif num(r.get("step_ms")) is not None:
-            r["median_ms"] = r["step_ms"]
     return r
 
 

@@ -26,7 +26,7 @@ from .data import (
     topology_label,
 )
 from .findings import GROUP_TITLES, findings, pct_of_ceiling
-from .sections import ceiling_shares, decode_steps, hit_rate, path_groups, path_of, step_config_axes
+from .sections import decode_steps, hit_rate, path_groups, path_of, step_config_axes
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATUS_ORDER = ("ok", "skipped", "failed", "invalid")
@@ -105,7 +105,6 @@ def record_columns(records: Sequence[dict[str, Any]]) -> list[Column]:
         Column("gbps", "GB/s"),
         Column("pct_of_ceiling", "% of ceiling", getter=pct_of_ceiling),
         Column("ceiling", "ceiling", "text"),
-        Column("pct_of_random_row_ceiling", "% of random-row ceiling"),
         Column("rows_per_s", "rows/s"),
         Column("step_ms", "step ms"),
         Column("lookup_ms", "lookup ms"),
@@ -196,8 +195,8 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
                    "median_ms": t, "vs_fastest": t / t0, "status": "ok",
                    "vs_reference": t / num(ref.get("median_ms")) if ref is not None else None,
                    "gbps": r.get("gbps"), "rows_per_s": r.get("rows_per_s"), "hit_rate": hit_rate(r),
-                   "host_thread_ms": r.get("host_thread_ms"), "case_id": r.get("case_id")}
-            row.update(ceiling_shares(run, r))
+                   "host_thread_ms": r.get("host_thread_ms"), "case_id": r.get("case_id"),
+                   "pct_of_ceiling": pct_of_ceiling(r), "ceiling": r.get("ceiling")}
             rows.append(row)
     cols = [
         Column("workload", "workload", "text"),
@@ -208,15 +207,10 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
         Column("vs_reference", "× reference time", formatter=_times,
                help="time / pinned_uva · triton_reference's time at this workload"),
         Column("rows_per_s", "rows/s"),
-        Column("pct_pinned_rr_rows", "% pinned random-row rows/s", formatter=_pct,
-               help="rows/s against the pinned random-row gather ceiling at this row size"),
         Column("gbps", "GB/s"),
-        Column("pct_h2d", "% H2D copy", formatter=_pct, help="GB/s against the H2D copy ceiling"),
-        Column("pct_pinned_rr", "% pinned random-row", formatter=_pct,
-               help="GB/s against the pinned random-row gather ceiling at this row size"),
-        Column("pct_device_rr", "% device random-row", formatter=_pct,
-               help="GB/s against the device random-row gather ceiling at this row size"),
-        Column("pct_d2d", "% D2D copy", formatter=_pct, help="GB/s against the D2D copy ceiling"),
+        Column("pct_of_ceiling", "% of ceiling", formatter=_pct,
+               help="the record's pct_of_ceiling: GB/s against the ceiling that binds this path (next column)"),
+        Column("ceiling", "ceiling", "text", help="the ceiling the record is held against (record schema)"),
         Column("hit_rate", "hit rate", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.1f}%"),
         Column("host_thread_ms", "host-thread CPU ms",
                help="CPU time of the path's own host threads per lookup (0: the path uses none)"),
@@ -249,7 +243,8 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
         Column("compute_ms", "compute ms"),
         Column("exposed_ms", "exposed ms", help="lookup time not hidden behind compute"),
         Column("overlap_efficiency", "overlap eff.", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.0f}%",
-               help="share of the lookup hidden behind compute"),
+               help="1 - exposed / exposed of the same step without prefetch (record overlap_twin); "
+                    "negative: the prefetch made the step slower"),
         Column("compute_slowdown", "compute slowdown", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.0f}%",
                help="in-step compute / compute alone - 1"),
         Column("offload_overhead", "offload overhead",

@@ -364,7 +364,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     for tokens, rs in sorted(by_tokens.items()):
         panels = [(y, label) for y, label in (
             ("exposed_ms", "exposed lookup time (ms)"),
-            ("overlap_efficiency", "overlap efficiency (% of the lookup hidden)"),
+            ("overlap_efficiency", "overlap efficiency (1 − exposed / exposed without prefetch, %)"),
             ("compute_slowdown", "compute slowdown (% vs compute alone)"),
         ) if sum(1 for r in rs if num(r.get(y)) is not None) >= 2]
         if not panels or len({num(r.get("compute_us")) for r in rs}) < 2:
@@ -398,8 +398,8 @@ def plot_step_overlap(run: Run) -> list[Plot]:
         for ax, (y, label) in zip(axes, panels):
             ax.set_title(label, fontsize=10)
             _finish(ax, "main-stream compute per step (µs)", label)
-            if y == "overlap_efficiency":
-                ax.set_ylim(-5, 105)
+            if y == "overlap_efficiency":  # not clamped: below 0 when the prefetch slows the step
+                ax.set_ylim(min(-5.0, ax.get_ylim()[0]), max(105.0, ax.get_ylim()[1]))
             if y == "exposed_ms" and log_exposed:
                 ax.set_yscale("log")
                 ax.set_ylabel("exposed lookup time (ms, log scale; ≤ 0 drawn at the bottom)")

@@ -115,26 +115,6 @@ def _order(value: Any) -> tuple:
     return (0, f, "") if f is not None else (1, 0.0, str(value))
 
 
-def ceiling_shares(run: Run, record: dict[str, Any]) -> dict[str, Any]:
-    """The record's GB/s and rows/s as % of each stored ceiling that applies:
-    H2D and D2D copies, and the random-row gathers at the record's row size."""
-    gbps, rps = num(record.get("gbps")), num(record.get("rows_per_s"))
-    out: dict[str, Any] = {}
-
-    def pct(value: float | None, ceiling: float | None) -> float | None:
-        return 100.0 * value / ceiling if value is not None and ceiling else None
-
-    out["pct_h2d"] = pct(gbps, run.ceiling_value("h2d_gbps"))
-    out["pct_d2d"] = pct(gbps, run.ceiling_value("d2d_gbps"))
-    for side in ("pinned", "device"):
-        rr = run.row_ceiling(f"{side}_random_row_gbps", record.get("row_bytes"))
-        out[f"pct_{side}_rr"] = pct(gbps, rr[1]) if rr else None
-        out[f"{side}_rr_name"] = rr[0] if rr else None
-        rrows = run.row_ceiling(f"{side}_random_row_rows_per_s", record.get("row_bytes"))
-        out[f"pct_{side}_rr_rows"] = pct(rps, rrows[1]) if rrows else None
-    return out
-
-
 # ------------------------------------------------------------- decode steps
 
 def steps(run: Run) -> list[dict[str, Any]]:
@@ -183,5 +163,5 @@ def step_config_label(record: dict[str, Any], axes: Sequence[str]) -> str:
 
 __all__ = [
     "PATH_AXES", "WORKLOAD_AXES", "DECODE_SHAPE", "PathGroup", "path_groups", "path_of", "lookups", "hit_rate",
-    "workload_label", "ceiling_shares", "steps", "decode_steps", "step_config_axes", "step_config_label",
+    "workload_label", "steps", "decode_steps", "step_config_axes", "step_config_label",
 ]

@@ -1,0 +1,446 @@
+"""The record schema: every field a record of ``records.jsonl`` carries, with its
+unit, the kinds of case that carry it, its definition, and the schema version.
+
+One definition per field.  Derived figures (GB/s, rows/s, the binding ceiling and
+the share of it, the overlap efficiency) are computed here, once, by
+:func:`derive` -- the runner calls it before a record is written, and
+:func:`upgrade` calls it on older records when a run is loaded.  Readers (the
+report, the compare, the export) read the fields; they never recompute them.
+
+``python -m ple_bench schema`` prints the table below as markdown (the README's
+record section is that output; a test keeps them equal).
+
+Schema versions:
+
+* 1 -- records without ``schema_version`` (runs before issue 13): every step
+  record carried GB/s and a % of an H2D / D2D copy ceiling, ``overlap_efficiency``
+  was ``clamp(1 - exposed / lookup, 0, 1)`` on every step, lookups were held against
+  the H2D (host tables) or D2D (device tables) copy ceiling.
+* 2 -- this module: lookups held against the random-row gather ceiling of their
+  memory at their row size (or the host-gather ceiling of host paths); steps carry
+  no GB/s; ``overlap_efficiency`` only for prefetch steps, against the prefetch-off
+  twin, not clamped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+SCHEMA_VERSION = 2
+
+KINDS = ("all", "lookup", "step")
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    unit: str  # "" when the field has none (text, flags, counts)
+    kinds: str  # all | lookup | step
+    definition: str
+    derived: bool = False  # computed by :func:`derive` from the other fields
+    legacy: bool = False  # only on records upgraded from an older schema
+
+
+def _f(name: str, unit: str, kinds: str, definition: str, **kw: Any) -> Field:
+    return Field(name, unit, kinds, definition, **kw)
+
+
+#: Fields every record has a key for (``None`` where not measured), in this order.
+FIELDS: tuple[Field, ...] = (
+    # identity and outcome
+    _f("schema_version", "", "all", "the record schema version (this module's SCHEMA_VERSION when written)"),
+    _f("case_id", "", "all", "the case's stable id (same case, same id, on every run)"),
+    _f("status", "", "all", "ok | skipped | failed | invalid"),
+    _f("reason", "", "all", "why the case was skipped, failed or is invalid ('' when ok)"),
+    _f("mode", "", "all", "gpu | functional (CPU, host timer: not GPU performance)"),
+    _f("timer", "", "all", "cuda_event | host_sync (synchronized calls on the host clock) | host_monotonic"),
+    _f("world_size", "ranks", "all", "tp x dp: the ranks the case ran on"),
+    _f("finished_at", "ISO 8601", "all", "when the case ended"),
+    _f("duration_s", "s", "all", "wall time the case took, checks and measurements included"),
+    _f("traceback", "", "all", "the traceback of a failed case"),
+    _f("rank_outcomes", "", "all", "under torchrun, when ranks disagreed: each rank's status and reason"),
+    # the summary of the primary measurement
+    _f("median_ms", "ms", "all", "median of the kept samples (lookup: the lookup; step: the step, = step_ms)"),
+    _f("mean_ms", "ms", "all", "mean of the kept samples"),
+    _f("min_ms", "ms", "all", "fastest kept sample"),
+    _f("max_ms", "ms", "all", "slowest kept sample"),
+    _f("p10_ms", "ms", "all", "10th percentile of the kept samples"),
+    _f("p90_ms", "ms", "all", "90th percentile of the kept samples"),
+    _f("iqr_ms", "ms", "all", "interquartile range of the kept samples"),
+    _f("cv", "", "all", "coefficient of variation (std / mean) of the kept samples"),
+    _f("noise", "", "all", "the noise figure adaptive stopping used"),
+    _f("n_samples", "samples", "all", "samples taken"),
+    _f("samples_ms", "ms", "all", "every raw sample, in order (kept ones: results.kept_samples)"),
+    _f("samples_throttled", "", "all", "one flag per sample: taken while the SM clock was throttled"),
+    _f("throttled_samples", "samples", "all", "flagged samples (left out of the summary unless all are)"),
+    _f("dropped_samples", "samples", "all", "samples the timer dropped"),
+    _f("stopped_by", "", "all", "what ended sampling (noise target, time budget, sample cap)"),
+    _f("sm_clock_mhz", "MHz", "all", "median SM clock over the samples"),
+    _f("event_samples_ms", "ms", "lookup", "host_sync timer: the CUDA events' time of the same calls"),
+    _f("hot_median_ms", "ms", "lookup", "median with a warm L2 (the same lookup, no flush)"),
+    _f("hot_samples_ms", "ms", "lookup", "raw warm-L2 samples"),
+    _f("graph_median_ms", "ms", "lookup", "median of a CUDA-graph replay of the lookup alone"),
+    _f("graph_samples_ms", "ms", "lookup", "raw graph-replay samples"),
+    _f("graph_id_sets", "", "lookup", "id sets the graph replay used (1: a graph bakes in its arguments)"),
+    _f("id_sets", "", "lookup", "independent id sets the lookup rotated through"),
+    # what is moved
+    _f("rows", "rows", "all", "rows looked up per call (tokens x heads, this rank)"),
+    _f("row_bytes", "B", "all", "bytes per stored row (dim x element size)"),
+    _f("table_bytes", "B", "all", "bytes of the whole table (vocab_size x row_bytes)"),
+    _f("bytes_moved", "B", "all", "rows x row_bytes: the bytes the lookup reads (rows read, not written)"),
+    # derived: rates and the binding ceiling (lookups only)
+    _f("gbps", "GB/s", "lookup", "rows x row_bytes / median_ms (reads only, 1e9 B/s); None on steps",
+       derived=True),
+    _f("rows_per_s", "rows/s", "lookup", "rows / median_ms; None on steps", derived=True),
+    _f("ceiling", "", "lookup",
+       "the ceiling the lookup is held against: device-resident tables device_random_row_gbps_<N>B, "
+       "pinned kernel paths pinned_random_row_gbps_<N>B (N: the row size, else the nearest measured), "
+       "host paths host_gather, functional mode host_memcpy_gbps; None on steps", derived=True),
+    _f("ceiling_gbps", "GB/s", "lookup",
+       "that ceiling in GB/s (host_gather: bytes_moved / host_gather_ceiling_ms)", derived=True),
+    _f("ceiling_row_bytes", "B", "lookup",
+       "the row size the random-row ceiling was measured at (differs from row_bytes when not measured there)",
+       derived=True),
+    _f("pct_of_ceiling", "%", "lookup",
+       "100 x gbps / ceiling_gbps (host_gather: = pct_of_host_gather_ceiling); above 105 the ceiling is wrong "
+       "for that case", derived=True),
+    _f("table_in_host_memory", "", "all",
+       "the backend declares its table in host memory (capability table_in_host_memory); None: unknown, "
+       "then impl 'device' is device-resident and every other impl is not"),
+    # host paths
+    _f("host_gather_ceiling_ms", "ms", "all",
+       "host paths: a plain torch.index_select of the same rows of this table into pinned staging plus one "
+       "host->device copy (meta.json ceilings.host_gather)"),
+    _f("host_gather_ceiling_rows_per_s", "rows/s", "all", "rows / host_gather_ceiling_ms"),
+    _f("pct_of_host_gather_ceiling", "%", "lookup", "100 x host_gather_ceiling_ms / median_ms"),
+    _f("lookup_pct_of_host_gather_ceiling", "%", "step", "100 x host_gather_ceiling_ms / lookup_ms"),
+    _f("host_thread_ms", "ms", "all", "CPU time of the path's own host threads per lookup"),
+    _f("cache_hit_rate", "", "all", "hot-row cache: share of rows served from the GPU cache (0..1)"),
+    # multi-rank
+    _f("gather_ms", "ms", "lookup", "all-gather of the DP ranks' ids"),
+    _f("gather_bytes", "B", "lookup", "bytes the id all-gather moves"),
+    _f("reduce_ms", "ms", "lookup", "all-reduce of the ETP shards' rows"),
+    _f("reduce_bytes", "B", "lookup", "bytes the all-reduce reduces"),
+    _f("reduce_busbw_gbps", "GB/s", "lookup", "2 (n-1)/n x reduce_bytes / reduce_ms (nccl-tests' bus bandwidth)"),
+    _f("rank_medians_ms", "ms", "all", "every rank's median"),
+    _f("rank_spread_ms", "ms", "all", "slowest - fastest rank median"),
+    _f("slowest_rank", "", "all", "the rank whose samples the record holds"),
+    _f("sm_limit_granted", "SMs", "all", "sm_limit > 0: SMs the driver gave the side stream's green context"),
+    _f("green_via", "", "all", "sm_limit > 0: how the green context was made"),
+    # decode steps
+    _f("step_ms", "ms", "step", "the step in the case's graph mode (= median_ms)"),
+    _f("step_samples_ms", "ms", "step", "raw step samples"),
+    _f("step_event_samples_ms", "ms", "step", "host_sync timer: the CUDA events' time of the same steps"),
+    _f("lookup_ms", "ms", "step", "the lookup alone (start_prefetch + finalize, or lookup)"),
+    _f("lookup_samples_ms", "ms", "step", "raw lookup-alone samples"),
+    _f("compute_ms", "ms", "step", "the step without its lookup (compute + consumer)"),
+    _f("compute_samples_ms", "ms", "step", "raw compute-alone samples"),
+    _f("compute_in_step_ms", "ms", "step", "the compute region inside the step (events around the matmuls)"),
+    _f("compute_in_step_samples_ms", "ms", "step", "raw in-step compute-region samples"),
+    _f("compute_region_alone_ms", "ms", "step", "the compute region without a lookup"),
+    _f("compute_region_alone_samples_ms", "ms", "step", "raw compute-region-alone samples"),
+    _f("exposed_ms", "ms", "step", "step_ms - compute_ms: the lookup time the compute did not hide"),
+    _f("overlap_efficiency", "", "step",
+       "prefetch steps only: 1 - exposed_ms / exposed_ms of overlap_twin (the same step, prefetch off); not "
+       "clamped: negative when the prefetch makes the step slower; None without a twin or off prefetch",
+       derived=True),
+    _f("overlap_twin", "", "step", "the case_id of the prefetch-off twin overlap_efficiency is measured against",
+       derived=True),
+    _f("compute_slowdown", "", "step",
+       "compute_in_step_ms / compute_region_alone_ms - 1 (how much the side-stream lookup slows the compute "
+       "beside it); None without compute (compute_us = 0)", derived=True),
+    _f("offload_overhead", "", "step",
+       "step_ms / step_ms of offload_baseline - 1: against the like-for-like device-resident step"),
+    _f("offload_baseline", "", "step", "the resident step offload_overhead is measured against ('device · <kernel>')"),
+    _f("offload_baseline_timer", "", "step", "the timer of both steps of offload_overhead"),
+    _f("step_host_sync_ms", "ms", "step", "resident steps: the same step on the host-sync timer"),
+    _f("step_host_sync_samples_ms", "ms", "step", "raw host-sync samples of it"),
+    _f("graph_break_cost_ms", "ms", "step", "breakable step - full-graph step (one rank, where capturable)"),
+    _f("graph_break_cost_note", "", "step", "why the full-graph step could not be measured"),
+    _f("full_step_ms", "ms", "step", "the step as one full CUDA graph"),
+    _f("full_step_samples_ms", "ms", "step", "raw full-graph step samples"),
+    _f("compute_matmuls", "", "step", "chained matmuls of the compute"),
+    _f("compute_target_us", "us", "step", "the compute the calibration aimed at (compute_us)"),
+    _f("matmul_us", "us", "step", "one matmul, calibrated"),
+    # a table in host memory (every case of a backend whose table is in host memory)
+    _f("pinned_bytes", "B", "all", "bytes page-locked for this rank's shard (0 in functional mode)"),
+    _f("host_table_bytes", "B", "all", "host bytes the allocation reserves"),
+    _f("table_alloc_s", "s", "all", "to allocate and pin the shard"),
+    _f("table_fill_s", "s", "all", "to fill the shard with its synthetic rows and check it"),
+    _f("host_mem_free_before_bytes", "B", "all", "MemAvailable before the table was allocated"),
+    _f("host_mem_free_after_bytes", "B", "all", "MemAvailable after it was filled"),
+    _f("host_alloc_from_cache", "", "all", "torch mode on a GPU: the block came from torch's pinned cache"),
+    _f("host_alloc_note", "", "all", "how the memory was allocated, in words"),
+    _f("table_reused", "", "all", "the case ran on a table an earlier case allocated"),
+    # upgrades
+    _f("upgraded_from", "", "all", "the schema version the stored record had, when older (None: written as is)"),
+    _f("missing_fields", "", "all", "an upgraded record: the fields of its kind it lacks (not measured then)"),
+    _f("pct_of_random_row_ceiling", "%", "lookup",
+       "legacy (version 1): 100 x gbps / the best random-row ceiling", legacy=True),
+    _f("legacy_overlap_efficiency", "", "step",
+       "legacy (version 1): clamp(1 - exposed_ms / lookup_ms, 0, 1), as stored", legacy=True),
+)
+
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+#: every record has a key for each of these (``None`` where not measured)
+RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in FIELDS if not f.legacy)
+DERIVED_KEYS: tuple[str, ...] = tuple(f.name for f in FIELDS if f.derived)
+HOST_ALLOC_KEYS: tuple[str, ...] = (
+    "pinned_bytes", "host_table_bytes", "table_alloc_s", "table_fill_s", "host_mem_free_before_bytes",
+    "host_mem_free_after_bytes", "host_alloc_from_cache", "host_alloc_note", "table_reused",
+)
+#: case fields the prefetch-off twin may differ in (settings of the prefetch side stream only)
+PREFETCH_ONLY_AXES = {"prefetch": False, "stream_priority": 0, "sm_limit": 0}
+
+
+def keys_for(kind: str, *, unit: str | None = None, scalar: bool | None = None) -> tuple[str, ...]:
+    """Field names a record of ``kind`` (lookup | step) carries, optionally of one unit,
+    or only scalars (no per-sample lists)."""
+    out = []
+    for f in FIELDS:
+        if f.kinds not in ("all", kind) or f.legacy:
+            continue
+        if unit is not None and f.unit != unit:
+            continue
+        if scalar is not None and scalar == _is_list(f):
+            continue
+        out.append(f.name)
+    return tuple(out)
+
+
+def _is_list(f: Field) -> bool:
+    return f.name.endswith(("samples_ms", "_throttled", "rank_medians_ms", "rank_outcomes", "missing_fields"))
+
+
+# ------------------------------------------------------------------ derived figures
+
+def _num(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and f not in (float("inf"), float("-inf")) else None
+
+
+def twin_key(rec: Mapping[str, Any]) -> str:
+    """The key a step shares with its prefetch-off twin: every case axis, with the
+    prefetch-only settings (prefetch, stream_priority, sm_limit) at their off values."""
+    from .case import Case
+    import dataclasses
+
+    axes = {}
+    for f in dataclasses.fields(Case):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        value = rec.get(f.name, default)
+        if f.name == "extra":
+            value = dict(value) if isinstance(value, (dict, list, tuple)) and value else {}
+        axes[f.name] = value
+    axes.update(PREFETCH_ONLY_AXES)
+    return json.dumps(axes, sort_keys=True, default=str)
+
+
+def is_prefetch_off_twin(rec: Mapping[str, Any]) -> bool:
+    """A step record that can be the twin of prefetch steps (ok, prefetch off, exposed_ms known)."""
+    return (rec.get("kind") == "step" and rec.get("status") == "ok" and not rec.get("prefetch")
+            and not rec.get("stream_priority") and not rec.get("sm_limit")
+            and _num(rec.get("exposed_ms")) is not None)
+
+
+def twins_of(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, float]]:
+    """twin key -> (case_id, exposed_ms) of the prefetch-off steps among ``records``."""
+    out: dict[str, tuple[str, float]] = {}
+    for r in records:
+        if is_prefetch_off_twin(r):
+            out[twin_key(r)] = (str(r.get("case_id")), float(r["exposed_ms"]))
+    return out
+
+
+def device_resident(rec: Mapping[str, Any]) -> bool:
+    """The table is in device memory: the declared capability when the record has it,
+    else impl == "device"."""
+    declared = rec.get("table_in_host_memory")
+    if isinstance(declared, bool):
+        return not declared
+    return rec.get("impl") == "device"
+
+
+def row_ceiling(ceilings: Mapping[str, Any], base: str, row_bytes: Any) -> tuple[str, float, int] | None:
+    """``<base>_<N>B`` measured at ``row_bytes`` when stored, else at the nearest measured
+    row size (ties: the larger); (name, GB/s, N), or None."""
+    pattern = re.compile(re.escape(base) + r"_(\d+)B$")
+    found = []
+    for name, value in (ceilings or {}).items():
+        m = pattern.match(str(name))
+        v = _num(value)
+        if m and v is not None and v > 0:
+            found.append((int(m.group(1)), str(name), v))
+    if not found:
+        return None
+    rb = _num(row_bytes) or 0
+    size, name, value = min(found, key=lambda t: (abs(t[0] - rb), -t[0]))
+    return name, value, size
+
+
+def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ceiling a lookup record is held against (see the ``ceiling`` field):
+    ``{"ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling"}``, None where unknown."""
+    out: dict[str, Any] = {"ceiling": None, "ceiling_gbps": None, "ceiling_row_bytes": None,
+                           "pct_of_ceiling": None}
+    gbps = _num(rec.get("gbps"))
+    if rec.get("mode") not in (None, "gpu"):
+        value = _num((ceilings or {}).get("host_memcpy_gbps"))
+        out["ceiling"] = "host_memcpy_gbps"
+        out["ceiling_gbps"] = value if value and value > 0 else None
+    elif _num(rec.get("host_gather_ceiling_ms")):
+        ms = float(rec["host_gather_ceiling_ms"])
+        out["ceiling"] = "host_gather"
+        nbytes = _bytes(rec)
+        out["ceiling_gbps"] = nbytes / (ms * 1e6) if nbytes and ms > 0 else None
+        median = _num(rec.get("median_ms"))
+        out["pct_of_ceiling"] = 100.0 * ms / median if median and median > 0 else None
+        return out
+    else:
+        base = "device_random_row_gbps" if device_resident(rec) else "pinned_random_row_gbps"
+        hit = row_ceiling(ceilings, base, rec.get("row_bytes"))
+        if hit is None:
+            return out
+        out["ceiling"], out["ceiling_gbps"], out["ceiling_row_bytes"] = hit
+    if gbps is not None and out["ceiling_gbps"]:
+        out["pct_of_ceiling"] = 100.0 * gbps / out["ceiling_gbps"]
+    return out
+
+
+def _bytes(rec: Mapping[str, Any]) -> float | None:
+    rows, row_bytes = _num(rec.get("rows")), _num(rec.get("row_bytes"))
+    if rows is not None and row_bytes is not None:
+        return rows * row_bytes
+    return _num(rec.get("bytes_moved"))
+
+
+def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
+           twins: Mapping[str, tuple[str, float]] | None = None) -> dict[str, Any]:
+    """Fill the derived fields of ``rec`` (in place; also returned): the one place
+    they are computed.  ``ceilings``: meta.json's; ``twins``: :func:`twins_of` of the
+    run's records so far (prefetch-off steps)."""
+    ceilings = ceilings or {}
+    rec["schema_version"] = SCHEMA_VERSION
+    kind = rec.get("kind") or "lookup"
+    for key in ("gbps", "rows_per_s", "ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling"):
+        rec[key] = None
+    if kind == "step":
+        _derive_step(rec, twins or {})
+        return rec
+    rec["overlap_efficiency"] = rec["overlap_twin"] = None
+    if rec.get("status") != "ok":
+        return rec
+    median = _num(rec.get("median_ms"))
+    nbytes, rows = _bytes(rec), _num(rec.get("rows"))
+    if median and median > 0 and rows:
+        rec["rows_per_s"] = rows / (median / 1e3)
+        if nbytes is not None:
+            rec["gbps"] = nbytes / (median * 1e6)
+    rec.update(choose_ceiling(rec, ceilings))
+    return rec
+
+
+def _derive_step(rec: dict[str, Any], twins: Mapping[str, tuple[str, float]]) -> None:
+    rec["overlap_efficiency"] = rec["overlap_twin"] = None
+    if rec.get("status") == "ok" and rec.get("prefetch"):
+        twin = twins.get(twin_key(rec))
+        exposed = _num(rec.get("exposed_ms"))
+        if twin is not None:
+            rec["overlap_twin"] = twin[0]
+            if exposed is not None and twin[1] > 0:
+                rec["overlap_efficiency"] = 1.0 - exposed / twin[1]
+    in_step, alone = _num(rec.get("compute_in_step_ms")), _num(rec.get("compute_region_alone_ms"))
+    if not _num(rec.get("compute_us")):
+        rec["compute_slowdown"] = None  # no compute: nothing to slow down
+    elif in_step is not None and alone is not None and alone > 0:
+        rec["compute_slowdown"] = in_step / alone - 1.0
+    elif rec.get("status") == "ok" and "compute_region_alone_ms" in rec:
+        rec["compute_slowdown"] = None  # measured, but no region to compare
+    # else: an upgraded record without the regions keeps its stored figure
+
+
+# ------------------------------------------------------------------ upgrades
+
+def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Records of a stored run in the current schema (copies; current ones unchanged).
+
+    Version 1 records (no ``schema_version``): nothing is recomputed from samples;
+    what the schema derives from stored fields is derived (:func:`derive`, with the
+    run's ceilings and its prefetch-off steps as twins), ``row_bytes`` /
+    ``table_bytes`` from ``dim`` / ``dtype`` / ``vocab_size`` where absent, a step's
+    ``median_ms`` from ``step_ms``; the old GB/s figures of steps are dropped, the old
+    clamped overlap is kept as ``legacy_overlap_efficiency``; ``upgraded_from`` = 1 and
+    ``missing_fields`` lists the fields of the record's kind it does not have."""
+    ceilings = (meta or {}).get("ceilings") or {}
+    old = [r for r in records if _version(r) < SCHEMA_VERSION]
+    if not old:
+        return records
+    fixed = [_upgrade_fields(dict(r)) if _version(r) < SCHEMA_VERSION else r for r in records]
+    twins = twins_of(fixed)
+    out = []
+    for original, rec in zip(records, fixed):
+        version = _version(original)
+        if version >= SCHEMA_VERSION:
+            out.append(rec)
+            continue
+        kind = rec.get("kind") or "lookup"
+        stored = set(original)
+        if kind == "step" and original.get("prefetch") and original.get("overlap_efficiency") is not None:
+            rec["legacy_overlap_efficiency"] = original.get("overlap_efficiency")
+        derive(rec, ceilings, twins)
+        rec["upgraded_from"] = version
+        rec["missing_fields"] = [k for k in keys_for(kind) if k not in stored and k not in DERIVED_KEYS
+                                 and k not in _UPGRADE_FILLED and rec.get(k) is None]
+        out.append(rec)
+    return out
+
+
+_UPGRADE_FILLED = ("schema_version", "upgraded_from", "missing_fields", "row_bytes", "table_bytes")
+_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def _version(rec: Mapping[str, Any]) -> int:
+    v = rec.get("schema_version")
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else 1
+
+
+def _upgrade_fields(rec: dict[str, Any]) -> dict[str, Any]:
+    """The version-1 fields a version-2 record names or derives differently."""
+    if _num(rec.get("row_bytes")) is None and _num(rec.get("dim")) is not None and rec.get("dtype") in _ELEMENT_BYTES:
+        rec["row_bytes"] = int(rec["dim"]) * _ELEMENT_BYTES[rec["dtype"]]
+    if (_num(rec.get("table_bytes")) is None and _num(rec.get("row_bytes")) is not None
+            and _num(rec.get("vocab_size")) is not None):
+        rec["table_bytes"] = int(rec["row_bytes"]) * int(rec["vocab_size"])
+    if (rec.get("kind") == "step" and _num(rec.get("median_ms")) is None
+            and _num(rec.get("step_ms")) is not None):
+        rec["median_ms"] = rec["step_ms"]
+    if rec.get("kind") == "step":
+        rec.pop("pct_of_random_row_ceiling", None)  # steps carry no GB/s, so no share of a ceiling
+    return rec
+
+
+# ------------------------------------------------------------------ documentation
+
+def markdown() -> str:
+    """The schema as a markdown table (``python -m ple_bench schema``; the README's record section)."""
+    lines = [f"Record schema version {SCHEMA_VERSION} (`ple_bench/record.py`). Kinds: the cases that carry "
+             "the field; derived: computed by `record.derive` before the record is written.", "",
+             "| field | unit | kinds | derived | definition |", "|---|---|---|---|---|"]
+    for f in FIELDS:
+        definition = f.definition.replace("|", "\\|")
+        lines.append(f"| `{f.name}` | {f.unit} | {f.kinds} | {'yes' if f.derived else ''}"
+                     f"{'legacy' if f.legacy else ''} | {definition} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["SCHEMA_VERSION", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS", "HOST_ALLOC_KEYS",
+           "keys_for", "derive", "choose_ceiling", "row_ceiling", "twin_key", "twins_of", "upgrade",
+           "markdown", "device_resident"]

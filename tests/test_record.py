@@ -1,0 +1,258 @@
+"""The record schema (ple_bench/record.py): every derived figure on hand-computed
+records, the ceiling each kind of lookup is held against, the upgrade of older
+records, the archived runs in docs/runs, and the README's generated table."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from ple_bench import record, results
+from ple_bench.case import Case
+from ple_bench.record import SCHEMA_VERSION, derive, twin_key, twins_of, upgrade
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = sorted(p for p in (REPO / "docs" / "runs").iterdir() if (p / "meta.json").exists())
+
+CEILINGS = {"h2d_gbps": 55.0, "d2d_gbps": 4000.0, "host_memcpy_gbps": 10.0,
+            "pinned_random_row_gbps_160B": 20.0, "pinned_random_row_gbps_512B": 50.0,
+            "device_random_row_gbps_160B": 250.0, "device_random_row_gbps_512B": 800.0}
+
+
+def _lookup(**kw) -> dict:
+    case = Case(impl=kw.pop("impl", "device"), dim=kw.pop("dim", 160), dtype="fp8", num_heads=16,
+                num_tokens=1024, vocab_size=1 << 20)
+    rec = {"case_id": case.case_id, "status": "ok", "mode": "gpu", **case.axes(),
+           "rows": 16384, "row_bytes": case.row_bytes, "bytes_moved": 16384 * case.row_bytes, "median_ms": 0.5}
+    rec.update(kw)
+    return rec
+
+
+def _step(prefetch: bool, exposed_ms: float, **kw) -> dict:
+    axes = dict(kind="step", impl="pinned_uva", dim=160, dtype="fp8", num_heads=16, num_tokens=256,
+                vocab_size=1 << 20, compute_us=kw.pop("compute_us", 100.0), prefetch=prefetch,
+                stream_priority=kw.pop("stream_priority", 0))
+    case = Case(**axes)
+    rec = {"case_id": case.case_id, "status": "ok", "mode": "gpu", **case.axes(), "rows": 4096,
+           "row_bytes": 160, "bytes_moved": 4096 * 160, "median_ms": 1.0, "step_ms": 1.0,
+           "exposed_ms": exposed_ms, "compute_ms": 1.0 - exposed_ms, "lookup_ms": 0.4,
+           "compute_in_step_ms": 0.11, "compute_region_alone_ms": 0.10}
+    rec.update(kw)
+    return rec
+
+
+# ------------------------------------------------------------ lookups: rates and ceilings
+
+def test_gbps_and_rows_per_s_count_the_rows_read():
+    rec = derive(_lookup(median_ms=0.5), CEILINGS)
+    # 16384 rows x 160 B in 0.5 ms = 5.24288 GB/s; 16384 / 0.5 ms = 32.768 M rows/s
+    assert rec["gbps"] == pytest.approx(5.24288)
+    assert rec["rows_per_s"] == pytest.approx(32.768e6)
+    assert rec["schema_version"] == SCHEMA_VERSION
+
+
+def test_device_table_is_held_against_the_device_random_row_ceiling_at_its_row_size():
+    rec = derive(_lookup(impl="device", median_ms=0.5), CEILINGS)
+    assert rec["ceiling"] == "device_random_row_gbps_160B" and rec["ceiling_gbps"] == 250.0
+    assert rec["ceiling_row_bytes"] == 160
+    assert rec["pct_of_ceiling"] == pytest.approx(100 * 5.24288 / 250.0)
+
+
+def test_a_row_size_not_measured_takes_the_nearest_and_says_so():
+    rec = derive(_lookup(impl="device", dim=384, median_ms=1.0), CEILINGS)  # 384 B rows: 512 is nearer
+    assert rec["ceiling"] == "device_random_row_gbps_512B" and rec["ceiling_row_bytes"] == 512
+    assert rec["pct_of_ceiling"] == pytest.approx(100 * (16384 * 384 / 1e6) / 800.0)
+
+
+def test_pinned_kernel_path_is_held_against_the_pinned_random_row_ceiling():
+    rec = derive(_lookup(impl="pinned_uva", median_ms=0.5), CEILINGS)
+    assert rec["ceiling"] == "pinned_random_row_gbps_160B"
+    assert rec["pct_of_ceiling"] == pytest.approx(100 * 5.24288 / 20.0)
+
+
+def test_the_declared_capability_decides_where_the_table_is():
+    # a plug-in whose table is in device memory, with a name that says nothing
+    dev = derive(_lookup(impl="mypkg.mod:Emb", table_in_host_memory=False), CEILINGS)
+    assert dev["ceiling"] == "device_random_row_gbps_160B"
+    host = derive(_lookup(impl="mypkg.mod:Emb", table_in_host_memory=True), CEILINGS)
+    assert host["ceiling"] == "pinned_random_row_gbps_160B"
+    # without the capability: impl "device" is device-resident, any other is not
+    assert derive(_lookup(impl="mypkg.mod:Emb"), CEILINGS)["ceiling"] == "pinned_random_row_gbps_160B"
+
+
+def test_host_path_is_held_against_its_host_gather_ceiling():
+    rec = derive(_lookup(impl="pinned_cpu_gather", median_ms=0.8, host_gather_ceiling_ms=0.6,
+                         pct_of_host_gather_ceiling=75.0), CEILINGS)
+    assert rec["ceiling"] == "host_gather"
+    assert rec["pct_of_ceiling"] == pytest.approx(75.0) == pytest.approx(rec["pct_of_host_gather_ceiling"])
+    # the same bytes in the figure and in its ceiling
+    assert rec["ceiling_gbps"] == pytest.approx(16384 * 160 / 0.6e6)
+    assert rec["pct_of_ceiling"] == pytest.approx(100 * rec["gbps"] / rec["ceiling_gbps"])
+
+
+def test_functional_mode_uses_host_memcpy():
+    rec = derive(_lookup(mode="functional", median_ms=0.5), CEILINGS)
+    assert rec["ceiling"] == "host_memcpy_gbps" and rec["pct_of_ceiling"] == pytest.approx(52.4288)
+
+
+def test_no_random_row_ceiling_measured_gives_no_share():
+    rec = derive(_lookup(), {"h2d_gbps": 55.0, "d2d_gbps": 4000.0})
+    assert rec["gbps"] is not None and rec["ceiling"] is None and rec["pct_of_ceiling"] is None
+
+
+def test_a_lookup_above_its_ceiling_gets_a_warning_not_praise():
+    from ple_bench.report.data import Run
+    from ple_bench.report.findings import ceiling_findings
+
+    fast = derive(_lookup(impl="pinned_hot_cache", median_ms=0.1), CEILINGS)  # 26 GB/s vs 20: 131%
+    slow = derive(_lookup(impl="pinned_hot_cache", median_ms=0.5), CEILINGS)  # 26%
+    slow["case_id"] += "-slow"
+    found = ceiling_findings(Run(Path("r"), {"mode": "gpu"}, [fast, slow]))
+    warn = [f for f in found if f.level == "warn"]
+    assert len(warn) == 1 and "ceiling is wrong" in warn[0].text and "131%" in warn[0].text
+    assert any("reaches at best 26%" in f.text for f in found)
+    assert not any("reaches at best 131%" in f.text for f in found)
+
+
+# ------------------------------------------------------------ steps
+
+def test_step_records_carry_no_gbps_and_no_ceiling():
+    rec = derive(_step(False, 0.4, gbps=3.0, ceiling="h2d_gbps", pct_of_ceiling=5.0), CEILINGS)
+    for key in ("gbps", "rows_per_s", "ceiling", "ceiling_gbps", "pct_of_ceiling"):
+        assert rec[key] is None, key
+
+
+def test_overlap_efficiency_against_the_prefetch_off_twin():
+    off = _step(False, 0.40)
+    on = _step(True, 0.10)
+    rec = derive(on, CEILINGS, twins_of([off]))
+    assert rec["overlap_efficiency"] == pytest.approx(1 - 0.10 / 0.40)  # 0.75
+    assert rec["overlap_twin"] == off["case_id"]
+    # the twin itself has no overlap figure
+    assert derive(dict(off), CEILINGS, twins_of([off]))["overlap_efficiency"] is None
+
+
+def test_overlap_efficiency_is_negative_when_the_prefetch_slows_the_step():
+    off = _step(False, 0.40)
+    rec = derive(_step(True, 0.50), CEILINGS, twins_of([off]))
+    assert rec["overlap_efficiency"] == pytest.approx(-0.25)
+
+
+def test_overlap_efficiency_without_a_twin_is_none():
+    rec = derive(_step(True, 0.10), CEILINGS, {})
+    assert rec["overlap_efficiency"] is None and rec["overlap_twin"] is None
+    other = _step(False, 0.40, compute_us=200.0)  # another compute: not the twin
+    assert derive(_step(True, 0.10), CEILINGS, twins_of([other]))["overlap_efficiency"] is None
+
+
+def test_prefetch_only_settings_share_the_twin():
+    off = _step(False, 0.40)
+    rec = derive(_step(True, 0.20, stream_priority=-1), CEILINGS, twins_of([off]))
+    assert rec["overlap_twin"] == off["case_id"] and rec["overlap_efficiency"] == pytest.approx(0.5)
+    assert twin_key(off) == twin_key(_step(True, 0.2, stream_priority=-1))
+
+
+def test_compute_slowdown():
+    rec = derive(_step(False, 0.4), CEILINGS)
+    assert rec["compute_slowdown"] == pytest.approx(0.11 / 0.10 - 1)
+    none = derive(_step(False, 0.4, compute_us=0.0, compute_slowdown=0.3), CEILINGS)
+    assert none["compute_slowdown"] is None  # no compute, nothing to slow down
+
+
+def test_the_runner_puts_prefetch_off_first():
+    from ple_bench.runner import order_cases
+
+    base = dict(kind="step", impl="pinned_uva", vocab_size=1 << 20, dim=160, dtype="fp8", compute_us=50.0)
+    cases = [Case(prefetch=True, **base), Case(prefetch=False, **base),
+             Case(prefetch=True, stream_priority=-1, **base)]
+    ordered = order_cases(cases)
+    assert ordered[0].prefetch is False
+
+
+def test_derive_record_keeps_twins_for_later_steps():
+    from ple_bench.runner import derive_record
+
+    twins: dict = {}
+    off, on = _step(False, 0.4), _step(True, 0.1)
+    derive_record(off, Case(**{k: off[k] for k in ("kind", "impl", "dim", "dtype")}), {"ceilings": CEILINGS}, twins)
+    derive_record(on, Case(**{k: on[k] for k in ("kind", "impl", "dim", "dtype")}), {"ceilings": CEILINGS}, twins)
+    assert off["table_in_host_memory"] is True  # pinned_uva declares it
+    assert on["overlap_efficiency"] == pytest.approx(0.75) and on["overlap_twin"] == off["case_id"]
+
+
+# ------------------------------------------------------------ upgrades
+
+def test_upgrade_of_a_version_1_run():
+    old_step_on = _step(True, 0.1, overlap_efficiency=0.0, gbps=2.0, pct_of_random_row_ceiling=3.0)
+    old_step_off = _step(False, 0.4, overlap_efficiency=0.0, gbps=2.0)
+    old_lookup = _lookup(gbps=5.24288, ceiling="d2d_gbps", ceiling_gbps=4000.0, pct_of_ceiling=0.13)
+    del old_lookup["row_bytes"]
+    out = upgrade([old_lookup, old_step_off, old_step_on], {"ceilings": CEILINGS})
+    lk, off, on = out
+    assert all(r["upgraded_from"] == 1 and r["schema_version"] == SCHEMA_VERSION for r in out)
+    assert lk["row_bytes"] == 160 and lk["ceiling"] == "device_random_row_gbps_160B"
+    assert "samples_ms" in lk["missing_fields"] and "row_bytes" not in lk["missing_fields"]
+    assert off["gbps"] is None and off["overlap_efficiency"] is None
+    assert on["overlap_efficiency"] == pytest.approx(0.75) and on["legacy_overlap_efficiency"] == 0.0
+    assert "pct_of_random_row_ceiling" not in on
+    assert old_step_on["overlap_efficiency"] == 0.0  # the stored records are not changed
+    current = derive(_lookup(), CEILINGS)
+    assert upgrade([current], {"ceilings": CEILINGS})[0] is current
+
+
+def test_the_archived_runs_load_upgrade_and_report(tmp_path):
+    from ple_bench.report import build_report
+
+    assert len(RUNS) >= 10
+    started = time.perf_counter()
+    for run in RUNS:
+        df = results.load(run)
+        assert len(df) > 0 and (df["schema_version"] == SCHEMA_VERSION).all(), run.name
+        assert df.attrs["upgraded"] == len(df), run.name  # every archived record is version 1
+        steps = df[df["kind"] == "step"]
+        assert steps["gbps"].isna().all() and steps["pct_of_ceiling"].isna().all(), run.name
+        assert steps[steps["prefetch"] == False]["overlap_efficiency"].isna().all(), run.name  # noqa: E712
+        ok = df[(df["kind"] == "lookup") & (df["status"] == "ok") & (df["mode"] == "gpu")]
+        assert ok["ceiling"].notna().all(), run.name  # every lookup names its ceiling
+    # two runs (one with decode steps) re-reported in full
+    for run in (RUNS[0], next(r for r in RUNS if "overlap" in r.name)):
+        html = build_report(run, tmp_path / "reports").read_text()
+        assert 'id="findings"' in html
+    assert time.perf_counter() - started < 120
+
+
+def test_the_run_overlap_figures_of_an_archived_run():
+    run = next(r for r in RUNS if "overlap" in r.name)
+    recs = results.load_records(run)
+    on = [r for r in recs if r.get("kind") == "step" and r.get("prefetch") and r.get("overlap_twin")]
+    assert on, "no prefetch step found its twin"
+    by_id = {r["case_id"]: r for r in recs}
+    for r in on:
+        twin = by_id[r["overlap_twin"]]
+        assert twin["prefetch"] is False and twin_key(twin) == twin_key(r)
+
+
+# ------------------------------------------------------------ the schema and its documentation
+
+def test_record_keys_come_from_the_schema():
+    assert results.RECORD_KEYS == record.RECORD_KEYS
+    assert len(set(record.RECORD_KEYS)) == len(record.RECORD_KEYS)
+    for f in record.FIELDS:
+        assert f.kinds in record.KINDS and f.definition, f.name
+
+
+def test_readme_record_table_is_the_generated_schema():
+    text = (REPO / "README.md").read_text()
+    m = re.search(r"<!-- record-schema:begin -->\n(.*?)<!-- record-schema:end -->", text, re.S)
+    assert m, "README.md has no generated record-schema block"
+    assert m.group(1) == record.markdown(), "README's record table differs: paste `python -m ple_bench schema`"
+
+
+def test_schema_command_prints_the_table(capsys):
+    from ple_bench.cli import main
+
+    assert main(["schema"]) == 0
+    assert capsys.readouterr().out == record.markdown()
