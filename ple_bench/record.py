@@ -84,7 +84,10 @@ FIELDS: tuple[Field, ...] = (
     _f("hot_samples_ms", "ms", "lookup", "raw warm-L2 samples"),
     _f("graph_median_ms", "ms", "lookup", "median of a CUDA-graph replay of the lookup alone"),
     _f("graph_samples_ms", "ms", "lookup", "raw graph-replay samples"),
-    _f("graph_id_sets", "", "lookup", "id sets the graph replay used (1: a graph bakes in its arguments)"),
+    _f("graph_id_sets", "", "lookup", "id sets the graph replay rotated through, one captured graph per set "
+                                       "(1 in records before schema 2: one repeated set)"),
+    _f("graph_cold_l2", "bool", "lookup", "the L2 was flushed before every graph-replay sample, as for median_ms"),
+    _f("cold_l2", "bool", "lookup", "the L2 was flushed before every sample of the primary measurement"),
     _f("id_sets", "", "lookup", "independent id sets the lookup rotated through"),
     # what is moved
     _f("rows", "rows", "all", "rows looked up per call (tokens x heads, this rank)"),

@@ -547,14 +547,17 @@ def measure_graph(fn: Callable[[], Any] | Sequence[Callable[[], Any]], *, device
         with torch.cuda.device(device):
             turn = [0]
 
+            def replay_next() -> None:
+                graphs[turn[0] % len(graphs)].replay()
+                turn[0] += 1
+
             def launch() -> None:
                 for _ in range(replays_per_sample):
-                    graphs[turn[0] % len(graphs)].replay()
-                    turn[0] += 1
+                    replay_next()
 
             try:
                 return _measure_cuda(launch, device, policy, cold_l2=cold_l2, label=label, clock=clock,
-                                     divisor=replays_per_sample, warmup_call=launch)
+                                     divisor=replays_per_sample, warmup_call=replay_next)
             finally:
                 torch.cuda.current_stream(device).synchronize()
                 del graphs
