@@ -220,7 +220,9 @@ def _is_list(f: Field) -> bool:
 
 # ------------------------------------------------------------------ derived figures
 
-def _num(value: Any) -> float | None:
+def num(value: Any) -> float | None:
+    """A finite float, or None (for None, strings, NaN, inf, booleans) -- how every reader of a
+    stored record reads a number."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -228,6 +230,9 @@ def _num(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if f == f and f not in (float("inf"), float("-inf")) else None
+
+
+_num = num
 
 
 def twin_key(rec: Mapping[str, Any]) -> str:

@@ -157,15 +157,7 @@ def normalize(record: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def num(value: Any) -> float | None:
-    """A finite float, or None (for None, strings, NaN, inf, booleans)."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+from ..record import num  # noqa: E402  (one way to read a stored number)
 
 
 def samples_of(record: dict[str, Any]) -> list[float]:
