@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1024,4096,8192,65536")
     ap.add_argument("--threads", default="4,8")
     ap.add_argument("--max-time", type=float, default=1.0)
+    ap.add_argument("--bisect", action="store_true", help="also time the direct path's layers one by one")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     dev = torch.device("cuda", 0)
@@ -161,6 +162,41 @@ def main(argv=None) -> int:
                          if m.event_samples_ms else None}
 
         run("hand", hand)
+        if args.bisect:
+            st = b._direct()
+            dstage = st.staging(rows)
+            main_h = current_stream_handle(0)
+
+            def hand_raw():
+                torch.index_select(table, 0, nxt().view(-1), out=staging)
+                memcpy_h2d_raw(dest.data_ptr(), staging.data_ptr(), staging.numel(), main_h)
+
+            def hand_dstage():
+                torch.index_select(table, 0, nxt().view(-1), out=dstage)
+                dest.copy_(dstage, non_blocking=True)
+
+            def hand_fresh():
+                d = torch.empty(rows, table.shape[1], dtype=torch.uint8, device=dev)
+                torch.index_select(table, 0, nxt().view(-1), out=staging)
+                d.copy_(staging, non_blocking=True)
+
+            def rows_only():
+                b._direct_rows(nxt(), out, main_h)
+
+            def gather_only():
+                b.host_gather(nxt().view(-1), dstage)
+
+            def select_only():
+                torch.index_select(table, 0, nxt().view(-1), out=staging)
+
+            for name, fn in (("hand_raw", hand_raw), ("hand_dstage", hand_dstage), ("hand_fresh", hand_fresh),
+                             ("direct_rows", rows_only), ("host_gather", gather_only), ("select_only", select_only)):
+                run(name, fn)
+            from ple_bench import annotate as ann
+            ann.set_enabled(False)
+            run("direct_nonvtx", lookup)
+            ann.set_enabled(True)
+            run("hand_again", hand)
         for t in threads:
             torch.set_num_threads(t)
             run(f"hand_t{t}", hand)
@@ -183,7 +219,7 @@ def main(argv=None) -> int:
         line = " ".join(f"{k}={v['median_ms']:.4f}" for k, v in res.items())
         print(f"rows {rows}: {line}", flush=True)
 
-    names = list(next(iter(report["rows"].values())).keys())
+    names = list(dict.fromkeys(k for r in report["rows"].values() for k in r))
     print(f"\n{'ms':>14}" + "".join(f"{r:>10}" for r in rows_list))
     for n in names:
         print(f"{n:>14}" + "".join(f"{report['rows'][r][n]['median_ms']:>10.4f}" if n in report["rows"][r]
