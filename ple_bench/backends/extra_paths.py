@@ -17,6 +17,7 @@ hot cache's kernel; the CPU gather, which runs no kernel, refuses it.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Sequence
 
 import torch
@@ -84,6 +85,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         self._staging = StagingBuffer(pinned=not self.functional)
         self._direct_state: _DirectState | None = None
         self._direct_pending: tuple | None = None
+        self._direct_static: bool | None = None  # the call-independent part of _direct_ok
         #: the direct path (see :meth:`_direct_ok`); False forces the general one (for A/B checks)
         self.direct = True
 
@@ -131,16 +133,18 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         the host work runs on the calling thread (``host_prefetch="deferred"``).
         On CUDA it also needs the loaded libcudart (raw copy, raw events) and no
         graph capture in progress; anything else takes the general path."""
-        if not self.direct or ids.device.type != "cpu" or self.host_prefetch != "deferred":
+        if not self.direct or ids.device.type != "cpu":
             return False
-        topo = self.topology
-        if topo.replicas != 1 or topo.etp != 1 or self.groups.etp_group is not None:
+        static = self._direct_static
+        if static is None:
+            topo = self.topology
+            static = self._direct_static = (
+                self.host_prefetch == "deferred" and topo.replicas == 1 and topo.etp == 1
+                and self.groups.etp_group is None
+                and (self.functional or (memcpy_async() is not None and runtime() is not None)))
+        if not static:
             return False
-        if self.functional:
-            return True
-        if memcpy_async() is None or runtime() is None or torch.cuda.is_current_stream_capturing():
-            return False
-        return True
+        return self.functional or not torch.cuda.is_current_stream_capturing()
 
     def _direct(self) -> "_DirectState":
         st = self._direct_state
@@ -151,7 +155,10 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
     def _direct_rows(self, ids: torch.Tensor, out: torch.Tensor, stream_handle: int | None) -> None:
         """Rows of host ``ids`` into ``out`` (contiguous ``[tokens, heads*dim]`` or
         ``[tokens, heads, dim]``): one ``index_select`` into pinned staging, one raw
-        host->device copy on ``stream_handle`` (on the host: straight into ``out``)."""
+        host->device copy on ``stream_handle`` (on the host: straight into ``out``).
+        The gather is written out here (not through :meth:`host_gather`): on the
+        lent H200 host every Python layer around a 1 K-row gather costs microseconds
+        that the hand version does not pay (scripts/gpu/host_gather_direct.py)."""
         st = self._direct()
         flat = ids.reshape(-1)
         n = flat.numel()
@@ -159,10 +166,19 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             self.host_gather(flat, out.view(torch.uint8).view(n, -1))
             return
         staging = st.staging(n)  # waits for the last copy out of it
-        self.host_gather(flat, staging)
+        threads = self.gather_threads
+        t0 = time.thread_time()
+        if threads == torch.get_num_threads():
+            torch.index_select(st.table, 0, flat, out=staging)
+        else:
+            with torch_threads(threads):
+                torch.index_select(st.table, 0, flat, out=staging)
+        spent = time.thread_time() - t0
         memcpy_h2d_raw(out.data_ptr(), staging.data_ptr(), n * st.row_bytes, stream_handle)
         st.copied.record(stream_handle)
         st.in_use = True
+        with self._host_time_lock:
+            self.host_thread_s += spent
 
     def lookup(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None) -> torch.Tensor:
         if not self._direct_ok(ids, dp_token_counts):
@@ -236,10 +252,11 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
 
 
 class _DirectState:
-    """What the direct path keeps between calls: the pinned staging buffer (sized for ``prefetch_rows`` x heads rows, views cached per row
+    """What the direct path keeps between calls: the table's byte view, the pinned staging buffer (sized for ``prefetch_rows`` x heads rows, views cached per row
     count) and the raw events that order it."""
 
     def __init__(self, path: PinnedCPUGatherEmbedding) -> None:
+        self.table = path._table_bytes()
         self.row_bytes = path.row_bytes
         self.functional = path.functional
         self._views: dict[int, torch.Tensor] = {}
@@ -276,6 +293,7 @@ class _DirectState:
                 ev.close()
         self._views.clear()
         self._buf = None
+        self.table = None
 
 
 @register_backend("pinned_hot_cache")
