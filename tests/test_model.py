@@ -130,3 +130,20 @@ def test_advise_impossible_what_ifs_exit_2(runs, extra, key):
 def test_advise_zero_tokens_exits_2_before_running_anything():
     proc = _cli("--table-bytes", "1GiB", "--tokens", "0", *SHAPE)
     assert proc.returncode == 2 and "--tokens" in proc.stderr
+
+
+@pytest.mark.slow
+def test_advise_without_runs_runs_its_cases_and_on_a_cpu_ranks_nothing(tmp_path):
+    proc = _cli("--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8", "--heads", "4", "--tokens", "8",
+                "--compute-us", "20", "--results-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if "functional mode" not in proc.stdout:
+        pytest.skip("a GPU machine: the self-run measured and ranked (tests/gpu covers it)")
+    (run,) = [p for p in tmp_path.iterdir() if (p / "meta.json").exists()]
+    from ple_bench.results import load_records
+
+    recs = load_records(run)
+    assert (run / "advise.toml").exists() and len(recs) == 12
+    assert all(r["status"] == "ok" and r["mode"] == "functional" for r in recs), \
+        [(r["case_id"], r["status"], r["reason"]) for r in recs if r["status"] != "ok"]
+    assert "not timings" in proc.stdout

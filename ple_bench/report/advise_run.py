@@ -2,7 +2,7 @@
 
 A small suite, written as TOML next to the run (so the run can be re-run and re-read like any
 other): the HBM-resident step (breakable and full graph), the UVA kernel and the CPU gather
-prefetched in a breakable graph, ids on the host and the device, at the asked tokens and at two
+prefetched in a breakable graph (eager without a GPU), ids on the host and the device, at the asked tokens and at two
 compute lengths (the asked one and a quarter of it, so the model can fit the compute).  It runs
 through the ordinary runner (progress bar, records, meta.json with the ceilings).  On a machine
 without a GPU the suite runs in functional mode on a 64 MiB table: the code paths are checked,
@@ -38,7 +38,7 @@ table_bytes = {table_bytes}
 num_tokens = {tokens}
 compute_us = {computes}
 ids_on = ["host", "device"]
-graph = "breakable"
+graph = "{graph}"
 prefetch = "on"
 
 [[group]]
@@ -46,7 +46,7 @@ name = "resident"
 impl = "device"
 kernel = "triton_reference"
 prefetch = "off"
-graph = ["breakable", "full"]
+graph = {resident_graphs}
 exclude = [{{ graph = "full", ids_on = "device" }}]
 
 [[group]]
@@ -62,9 +62,12 @@ impl = "pinned_cpu_gather"
 FUNCTIONAL_TABLE = 64 << 20
 
 
-def suite_text(*, dim: int, dtype: str, heads: int, table_bytes: int, tokens: list[int], compute_us: float) -> str:
+def suite_text(*, dim: int, dtype: str, heads: int, table_bytes: int, tokens: list[int], compute_us: float,
+               gpu: bool = True) -> str:
+    """The suite's TOML; without a GPU every step runs eagerly (graphs need CUDA)."""
     computes = sorted({round(compute_us / 4, 3), float(compute_us)})
-    return SUITE_TEMPLATE.format(shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
+    return SUITE_TEMPLATE.format(graph="breakable" if gpu else "eager",
+                                 resident_graphs='["breakable", "full"]' if gpu else '["eager"]',shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
                                  dim=dim, heads=heads, table_bytes=table_bytes, tokens=list(tokens),
                                  computes=[c if c != int(c) else int(c) for c in computes])
 
@@ -79,7 +82,7 @@ def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> l
     gpu = gpu_available()
     table = table_bytes if gpu else min(table_bytes, FUNCTIONAL_TABLE)
     text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
-                      compute_us=args.compute_us)
+                      compute_us=args.compute_us, gpu=gpu)
     suite_dir = Path(tempfile.mkdtemp(prefix="ple_bench-advise-"))
     path = suite_dir / "advise.toml"
     path.write_text(text, encoding="utf-8")
