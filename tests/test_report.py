@@ -370,8 +370,27 @@ def test_paths_and_overlap_sections_in_the_page(paths_report):
     assert f"{rec['pct_of_ceiling']:.0f}%" in paths and rec["ceiling"] == "pinned_random_row_gbps_160B"
     assert "37.0%" in paths  # the recorded hit rate
     overlap = section(html, "overlap")
-    assert 'id="plot-step_overlap_t64"' in overlap and 'id="plot-step_overlap_t512"' in overlap
+    # the largest token count's overlap plot carries the verdict: it moved to the top of the page
+    assert 'id="plot-step_overlap_t64"' in overlap and 'id="plot-step_overlap_t512"' not in overlap
+    assert 'id="plot-step_overlap_t512"' in section(html, "key-findings")
     assert 'id="steps-table"' in overlap and "+150%" in overlap
     # findings are grouped under headings
     found = section(html, "findings")
     assert "<h3>Lookup paths side by side</h3>" in found and "<h3>Decode-step overlap</h3>" in found
+
+
+def test_the_page_opens_with_the_verdict_three_plots_and_ten_findings(paths_report):
+    """The verdict, then at most three plots and at most ten ranked findings; the full list and the
+    tables below, collapsible."""
+    from ple_bench.report.data import load_run
+    from ple_bench.report.findings import key_findings
+
+    run_dir, html = paths_report
+    top = html[html.index('id="verdict"'):html.index('id="findings-details"')]
+    assert 1 <= top.count("<img") <= 3
+    listed = re.findall(r'<ol class="findings" id="key-findings-list">(.*?)</ol>', html, re.S)[0].count("<li")
+    found = [f for f in findings(load_run(run_dir)) if f.topic != "answer"]
+    assert listed == min(10, len(found)) and len(found) > 10  # condensed: some findings only in the full list
+    assert '<details id="findings-details">' in html and html.count('<details open class="section">') >= 2
+    keys = key_findings(found)
+    assert [f.level for f in keys] == sorted((f.level for f in keys), key=lambda lv: lv != "warn")

@@ -70,6 +70,8 @@ class Advice:
     answers: list[TokenAnswer]
     verdict: str
     notes: list[str]
+    measured_verdict: str = ""  # the verdict from the nearest measurements alone
+    model: Any = None  # advise_model.ModelAdvice: the model's ranking at exactly the asked shape
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -219,8 +221,37 @@ def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
             f"Mixed: pinned host memory at {', '.join(map(str, host))} tokens, HBM at {', '.join(map(str, hbm))}.")
 
 
+def format_model_text(m: Any) -> list[str]:
+    lo = m.loo_overall
+    lines = [m.verdict, "",
+             "the model's ranking at exactly the asked shape: 'measured' = that case was measured (run named), "
+             "'predicted' = the what-if model, with its path's leave-one-out error",
+             f"model error over all measured steps (leave-one-out): median {lo['median_pct']:.0f} %, worst "
+             f"{lo['worst_pct']:.0f} % ({lo['n']} cases)" if lo.get("n") else "model error: not measured"]
+    w = m.what_if
+    if w["etp"] > 1 or w["host_cores"]:
+        lines.append(f"what-if: ETP {w['etp']}, {w['nodes']} node(s), link {w['link_gbps'] or '-'} GB/s / "
+                     f"{w['link_latency_us']:g} us, host cores {w['host_cores'] or 'as measured'}")
+    for ans in m.answers:
+        lines += ["", f"{ans.tokens} tokens per step: {ans.recommendation}",
+                  f"  {'#':>2} {'placement':<11} {'path':<34} {'pf':<3} {'ids':<6} {'graph':<9} {'step ms':>8} "
+                  f"{'vs HBM':>8}  source"]
+        for i, o in enumerate(ans.options, 1):
+            over = "" if o.overhead_pct is None else f"{o.overhead_pct:+.0f} %"
+            src = (f"measured {o.run_id}" if o.source == "measured" else
+                   f"predicted (LOO median {o.error_median_pct:.0f} %, worst {o.error_worst_pct:.0f} %)"
+                   if o.error_median_pct is not None else "predicted (error not measured)")
+            fits = "" if o.fits else "  (does not fit its budget)"
+            lines.append(f"  {i:>2} {o.placement[:11]:<11} {o.path[:34]:<34} {'on' if o.prefetch else 'off':<3} "
+                         f"{o.ids_on:<6} {o.graph:<9} {o.step_ms:8.3f} {over:>8}  {src}{fits}")
+    lines += ["", "what would change it:"] + [f"  - {t}" for t in m.what_would_change]
+    lines += ["", "assumptions of the model:"] + [f"  - {t}" for t in m.assumptions]
+    return lines
+
+
 def format_text(a: Advice) -> str:
-    lines = [a.verdict, ""]
+    lines = format_model_text(a.model) + ["", "--- nearest measurements (measured only) ---", ""] if a.model else []
+    lines += [a.measured_verdict or a.verdict, ""]
     lines.append(f"table {a.table_bytes / 2**30:.1f} GiB (measured {a.measured_table_bytes / 2**30:.1f} GiB), "
                  f"compute {a.compute_us:g} us (measured {a.measured_compute_us:g} us); every number below is "
                  "measured (run and case named), none predicted")
@@ -252,7 +283,15 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
                    help="compute between the lookup's start and its use, in microseconds")
     p.add_argument("--hbm-bytes", help="HBM the table may take (default: no limit)")
     p.add_argument("--host-bytes", help="host memory the table may take (default: no limit)")
-    p.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR", help="run folders to read (docs/runs/*)")
+    p.add_argument("--runs", nargs="+", metavar="RUN_DIR",
+                   help="run folders to read (docs/runs/*); without it, advise runs the few cases it needs")
+    p.add_argument("--etp", type=int, default=1, help="what-if: an ETP group of N GPUs shares the table (tp 1)")
+    p.add_argument("--nodes", type=int, default=1, help="what-if: the ETP group spans this many nodes")
+    p.add_argument("--link-gbps", type=float, help="what-if: inter-node bandwidth per GPU, GB/s")
+    p.add_argument("--link-latency-us", type=float, default=0.0, help="what-if: inter-node latency, us")
+    p.add_argument("--host-cores", type=int, help="what-if: host cores for the host-gather paths")
+    p.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page")
+    p.add_argument("--results-dir", default="results", help="where a self-run (no --runs) stores its run")
     p.add_argument("--graph", choices=["replayed", "any"], default="replayed",
                    help="rank graph-replayed steps where the runs have them, as a server runs the step "
                         "(default), or eager steps too")
@@ -276,16 +315,71 @@ def run_advise(args: argparse.Namespace) -> int:
             tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]
         except ValueError:
             raise AdviseError(f"--tokens: {args.tokens!r} is not a comma-separated list of integers") from None
+        if not tokens or any(t < 1 for t in tokens):
+            raise AdviseError(f"--tokens: give one or more positive token counts per step, got {args.tokens!r}")
+        if args.dtype not in DTYPE_BYTES:
+            raise AdviseError(f"--dtype: unknown {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+        if args.rows is not None and args.rows < 1:
+            raise AdviseError(f"--rows: the table must have at least one row, got {args.rows}")
+        for name in ("dim", "heads"):
+            if getattr(args, name) < 1:
+                raise AdviseError(f"--{name}: must be >= 1, got {getattr(args, name)}")
         row_bytes = args.dim * DTYPE_BYTES.get(args.dtype, 1)
         table = size("table-bytes", args.table_bytes) if args.table_bytes else args.rows * row_bytes
-        missing = [d for d in args.runs if not (Path(d) / "meta.json").exists()]
+        if args.etp < 1 or args.nodes < 1 or args.etp % args.nodes:
+            raise AdviseError(f"--etp / --nodes: an ETP group of {args.etp} over {args.nodes} nodes is not possible "
+                              "(both >= 1, the group split evenly over the nodes)")
+        if args.nodes > 1 and not args.link_gbps:
+            raise AdviseError("--link-gbps: an ETP group across nodes needs the inter-node bandwidth")
+        if args.link_gbps is not None and args.link_gbps <= 0:
+            raise AdviseError(f"--link-gbps: must be positive, got {args.link_gbps}")
+        if args.link_latency_us < 0:
+            raise AdviseError(f"--link-latency-us: must be >= 0, got {args.link_latency_us}")
+        if args.host_cores is not None and args.host_cores < 1:
+            raise AdviseError(f"--host-cores: must be >= 1, got {args.host_cores}")
+        if args.compute_us < 0:
+            raise AdviseError(f"--compute-us: must be >= 0, got {args.compute_us}")
+        runs = args.runs
+        if not runs:
+            from .advise_run import self_run
+
+            runs = self_run(args, table, tokens)
+            if runs is None:
+                return 0
+        missing = [d for d in runs if not (Path(d) / "meta.json").exists()]
         if missing:
             raise AdviseError(f"--runs: not a run folder (no meta.json): {', '.join(missing)}")
+        hbm = size("hbm-bytes", args.hbm_bytes) if args.hbm_bytes else None
+        host = size("host-bytes", args.host_bytes) if args.host_bytes else None
+        if hbm is not None and host is not None and table / args.etp > hbm and table / args.nodes > host:
+            raise AdviseError(f"the table ({table / 2**30:.1f} GiB) fits neither the HBM budget "
+                              f"({hbm / 2**30:.1f} GiB per GPU, ETP {args.etp}) nor the host budget "
+                              f"({host / 2**30:.1f} GiB per node)")
+        from .advise_model import WhatIf, model_advice
+        from .model import build_model, load_runs
+
+        records, metas = load_runs(runs)
+        steps = [r for r in records if r.get("status") == "ok" and r.get("kind") == "step"
+                 and r.get("mode", "gpu") != "functional"]
         advice = advise(table_bytes=table, dim=args.dim, dtype=args.dtype, heads=args.heads, tokens=tokens,
-                        compute_us=args.compute_us, records=load_step_records(args.runs),
-                        hbm_bytes=size("hbm-bytes", args.hbm_bytes) if args.hbm_bytes else None,
-                        host_bytes=size("host-bytes", args.host_bytes) if args.host_bytes else None,
+                        compute_us=args.compute_us, records=steps,
+                        hbm_bytes=hbm if args.etp == 1 else None, host_bytes=host if args.nodes == 1 else None,
                         graph_modes=args.graph)
+        model = build_model(records, metas, row_bytes=row_bytes)
+        if model.fits:
+            w = WhatIf(etp=args.etp, nodes=args.nodes, link_gbps=args.link_gbps,
+                       link_latency_us=args.link_latency_us, host_cores=args.host_cores)
+            if args.etp > 1 and model.rates.reduce_busbw_gbps is None:
+                raise AdviseError("--etp: no all-reduce was measured in the runs given (add a topology run: "
+                                  "python -m ple_bench run --suite topology on 2+ GPUs)")
+            advice.model = model_advice(model, table_bytes=table, row_bytes=row_bytes, heads=args.heads,
+                                        tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm,
+                                        host_bytes=host, graph_modes=args.graph)
+            advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
+        if args.html:
+            from .advise_html import write_advice_html
+
+            write_advice_html(advice, args, Path(args.html))
     except AdviseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE

@@ -596,3 +596,18 @@ def findings(run: Run) -> list[Finding]:
 
 
 __all__ = ["Finding", "GROUP_TITLES", "findings", "pct_of_ceiling"]
+
+
+#: the topics a reader needs first, in order (the answer, then what binds it, then the rest)
+TOPIC_RANK = ("answer", "status", "ceiling", "overlap", "prefetch", "path", "paths", "table size", "ids", "topology",
+              "hot cache", "graph", "dtype", "noise")
+MAX_KEY_FINDINGS = 10
+
+
+def key_findings(found: list[Finding], limit: int = MAX_KEY_FINDINGS) -> list[Finding]:
+    """The findings condensed for the top of the page: warnings first, then by topic rank, at most
+    ``limit`` lines (the verdict, shown above them, is left out)."""
+    rank = {t: i for i, t in enumerate(TOPIC_RANK)}
+    ordered = sorted((f for f in found if f.topic != "answer"),
+                     key=lambda f: (f.level != "warn", rank.get(f.topic, len(rank))))
+    return ordered[:limit]

@@ -25,7 +25,7 @@ from .data import (
     ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
     topology_label,
 )
-from .findings import GROUP_TITLES, findings, pct_of_ceiling
+from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
 from .sections import decode_steps, hit_rate, path_groups, path_of, step_config_axes
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -381,6 +381,20 @@ def build_trend(current: Run, history_dirs: Sequence[str | Path]) -> Trend | Non
 
 # ------------------------------------------------------------------- report
 
+MAX_KEY_PLOTS = 3
+
+
+def key_plots(plots: Sequence[Any]) -> list[Any]:
+    """The plots that carry the verdict, shown right under it (at most three): the row rate vs
+    table size with its ceilings, the decode step at the largest token count measured (step /
+    exposed time per path against compute, the resident step among them), lookup time vs tokens."""
+    by_key = {p.key: p for p in plots}
+    steps = sorted((p for p in plots if p.key.startswith("step_overlap_t")),
+                   key=lambda p: int(p.key.rsplit("_t", 1)[1]))
+    chosen = [by_key.get("bandwidth_vs_table_bytes"), steps[-1] if steps else None,
+              by_key.get("latency_vs_tokens")]
+    return [p for p in chosen if p is not None][:MAX_KEY_PLOTS]
+
 def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
                  history_dirs: Sequence[str | Path] | None = None) -> Path:
     """Write ``<reports_dir>/<run_id>/index.html`` for a stored run; returns its path."""
@@ -402,6 +416,8 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     finding_groups = [(GROUP_TITLES[g], [f for f in all_findings if f.group == g])
                       for g in GROUP_TITLES if any(f.group == g for f in all_findings)]
     plots = make_plots(run)
+    top = key_plots(plots)
+    plots = [p for p in plots if p not in top]
     path_cols, path_rows = path_table(run)
     step_cols, step_rows, step_shape = step_table(run)
     html = render_page(
@@ -409,7 +425,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
         run=run, device_name=_device_name(run), timer=_record_value(run, "timer") or run.meta.get("timer") or "?",
         counts=counts, n_records=len(records), run_status=str(run.meta.get("status") or "unknown"),
         findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), ceilings=ceilings,
-        verdict=verdict,
+        verdict=verdict, key_plots=top, key_findings=key_findings(all_findings), n_findings=len(all_findings),
         plots=[p for p in plots if p.section == "general"],
         path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
         step_plots=[p for p in plots if p.section == "overlap"], step_columns=step_cols, step_rows=step_rows,

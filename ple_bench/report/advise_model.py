@@ -1,0 +1,249 @@
+"""The what-if half of ``advise``: every path the runs measured, priced by the model
+(:mod:`ple_bench.report.model`) at exactly the asked shape -- table size, tokens, compute, ETP
+group, nodes, host cores -- ranked, each number labelled *measured* (that very case was measured)
+or *predicted* (with its path's leave-one-out error), plus the token count and compute at which
+the recommendation would flip ("what would change it")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .model import GIB, Model, PathFit, Point, path_label, predict
+
+#: an overhead up to this (in %) counts as "as fast as the resident table" (as advise.EQUAL_PCT)
+EQUAL_PCT = 5.0
+
+
+@dataclass
+class WhatIf:
+    etp: int = 1
+    nodes: int = 1
+    link_gbps: float | None = None
+    link_latency_us: float = 0.0
+    host_cores: int | None = None
+
+
+@dataclass
+class ModelOption:
+    placement: str  # "HBM" | "HBM hot-row cache + pinned host" | "pinned host"
+    path: str
+    prefetch: bool
+    ids_on: str
+    graph: str
+    step_ms: float
+    overhead_pct: float | None
+    source: str  # "measured" | "predicted"
+    error: str  # the path's leave-one-out error, in words ("" when measured)
+    error_median_pct: float | None
+    error_worst_pct: float | None
+    fits: bool
+    run_id: str = ""
+    case_id: str = ""
+    lookup_ms: float | None = None
+    exposed_ms: float | None = None
+    reduce_ms: float | None = None
+    outside: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModelTokenAnswer:
+    tokens: int
+    options: list[ModelOption]
+    recommendation: str
+    choice: str  # "HBM" | "pinned host" | "none"
+
+
+@dataclass
+class ModelAdvice:
+    what_if: dict[str, Any]
+    answers: list[ModelTokenAnswer]
+    verdict: str
+    what_would_change: list[str]
+    loo_overall: dict[str, Any]
+    rates: dict[str, Any]
+    assumptions: list[str]
+
+
+def _placement(fit: PathFit) -> str:
+    if fit.resident:
+        return "HBM"
+    return "HBM hot-row cache + pinned host" if fit.key[6] else "pinned host"
+
+
+def _measured(model: Model, fit: PathFit, rows: int, table_bytes: int, compute_us: float,
+              w: WhatIf) -> Point | None:
+    if w.etp != 1 or w.host_cores:
+        return None
+    for p in model.points:
+        if (p.key == fit.key and p.rows == rows and p.compute_us == compute_us
+                and abs(math.log(p.table_bytes / table_bytes)) < 0.02):
+            return p
+    return None
+
+
+def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compute_us: float, w: WhatIf,
+               hbm_bytes: int | None, host_bytes: int | None, row_bytes: int,
+               graph_modes: str = "replayed") -> list[ModelOption]:
+    rows = tokens * heads
+    fits = list(model.fits.values())
+    if graph_modes == "replayed" and any(f.key[4] != "eager" for f in fits):
+        fits = [f for f in fits if f.key[4] != "eager"]
+    shard = table_bytes / w.etp
+    host_share = table_bytes / w.nodes
+    out = []
+    for f in fits:
+        m = _measured(model, f, rows, table_bytes, compute_us, w)
+        if m is not None:
+            step, lookup, exposed, red, outside = m.step_ms, m.lookup_ms, m.step_ms - m.compute_ms, 0.0, []
+        else:
+            pr = predict(f, model.rates, rows=rows, table_bytes=table_bytes, compute_us=compute_us, etp=w.etp,
+                         nodes=w.nodes, link_gbps=w.link_gbps, link_latency_us=w.link_latency_us,
+                         host_cores=w.host_cores)
+            step, lookup, exposed, red, outside = pr.step_ms, pr.lookup_ms, pr.exposed_ms, pr.reduce_ms, pr.outside
+        if f.resident:
+            ok = hbm_bytes is None or shard <= hbm_bytes
+        else:
+            cache = f.key[6] * row_bytes
+            ok = (host_bytes is None or host_share <= host_bytes) and (hbm_bytes is None or cache <= hbm_bytes)
+        err = model.error(f.key)
+        out.append(ModelOption(
+            placement=_placement(f), path=path_label(f.key), prefetch=bool(f.key[2]), ids_on=f.key[3],
+            graph=f.key[4], step_ms=step, overhead_pct=None, source="measured" if m else "predicted",
+            error="" if m else err.text(), error_median_pct=None if m else err.median_pct,
+            error_worst_pct=None if m else err.worst_pct, fits=ok, run_id=m.run_id if m else "",
+            case_id=m.case_id if m else "", lookup_ms=lookup, exposed_ms=exposed, reduce_ms=red or None,
+            outside=outside))
+    resident = [o for o in out if o.placement == "HBM"]
+    for o in out:
+        if o.placement == "HBM":
+            continue
+        twins = ([r for r in resident if (r.graph, r.ids_on) == (o.graph, o.ids_on)]
+                 or [r for r in resident if r.graph == o.graph] or resident)
+        if twins:
+            o.overhead_pct = 100.0 * (o.step_ms / min(r.step_ms for r in twins) - 1)
+    out.sort(key=lambda o: (not o.fits, o.step_ms))
+    return out
+
+
+def _choose(options: Sequence[ModelOption], table_gib: float) -> tuple[str, str]:
+    """(choice, recommendation in words)."""
+    hbm = [o for o in options if o.placement == "HBM" and o.fits]
+    pinned = sorted((o for o in options if o.placement != "HBM" and o.fits and o.overhead_pct is not None),
+                    key=lambda o: o.overhead_pct)
+    if not hbm and not pinned:
+        return "none", "no measured path fits the budgets"
+    tag = lambda o: o.source if o.source == "measured" else f"predicted; {o.error}"  # noqa: E731
+    if pinned and (not hbm or pinned[0].overhead_pct <= EQUAL_PCT):
+        b = pinned[0]
+        why = ("the table does not fit the HBM budget" if not hbm else
+               f"within {EQUAL_PCT:.0f} % of HBM — frees {table_gib:.1f} GiB of HBM")
+        return "pinned host", (f"{b.placement}: {b.path}, ids on the {b.ids_on}, {b.graph}, prefetch "
+                               f"{'on' if b.prefetch else 'off'}: {b.step_ms:.3f} ms, {b.overhead_pct:+.0f} % over "
+                               f"HBM ({tag(b)}); {why}")
+    best = min(hbm, key=lambda o: o.step_ms)
+    txt = f"HBM: {best.path}, {best.graph}, {best.step_ms:.3f} ms ({tag(best)})"
+    if pinned:
+        txt += f"; the best pinned path ({pinned[0].path}, ids on the {pinned[0].ids_on}) costs " \
+               f"{pinned[0].overhead_pct:+.0f} %"
+    return "HBM", txt
+
+
+def _choice_at(model: Model, tokens: int, compute_us: float, kw: dict[str, Any]) -> str:
+    opts = options_at(model, tokens=tokens, compute_us=compute_us, **kw)
+    return _choose(opts, kw["table_bytes"] / GIB)[0]
+
+
+def _flip_tokens(model: Model, lo: int, hi: int, compute_us: float, kw: dict[str, Any]) -> int:
+    """The smallest token count in (lo, hi] whose choice differs from lo's (bisection)."""
+    base = _choice_at(model, lo, compute_us, kw)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _choice_at(model, mid, compute_us, kw) == base:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def what_would_change(model: Model, tokens: Sequence[int], compute_us: float, kw: dict[str, Any]) -> list[str]:
+    out = []
+    measured_max = max((p.tokens for p in model.points), default=0)
+
+    def beyond(t: int) -> str:
+        return f", beyond the {measured_max} tokens measured" if t > measured_max else ""
+
+    # tokens: scan a doubling grid from 1 to 16 K tokens per step
+    grid = sorted({2 ** i for i in range(15)} | set(tokens))
+    choices = [(t, _choice_at(model, t, compute_us, kw)) for t in grid]
+    for (t0, c0), (t1, c1) in zip(choices, choices[1:]):
+        if c0 != c1:
+            t = _flip_tokens(model, t0, t1, compute_us, kw)
+            out.append(f"from {_n(t)} tokens per step, {c1} wins (predicted at {compute_us:g} us of compute{beyond(t)})")
+    if not out:
+        out.append(f"{choices[0][1]} at every token count from 1 to {_n(grid[-1])} (predicted at {compute_us:g} us "
+                   "of compute)")
+    # compute: for each asked token count, the compute at which the choice flips (0 .. 2 000 us)
+    for t in tokens:
+        here = _choice_at(model, t, compute_us, kw)
+        steps = [c for c in range(0, 2001, 25)]
+        flips = [c for c in steps if _choice_at(model, t, float(c), kw) != here]
+        if not flips:
+            continue
+        above = [c for c in flips if c > compute_us]
+        below = [c for c in flips if c < compute_us]
+        if above:
+            out.append(f"at {t} tokens: with {min(above)} us or more of compute between the lookup's issue and its "
+                       f"use, {_choice_at(model, t, float(min(above)), kw)} wins (predicted)")
+        elif below:
+            out.append(f"at {t} tokens: with {max(below)} us or less of compute, "
+                       f"{_choice_at(model, t, float(max(below)), kw)} wins (predicted)")
+    return out
+
+
+def _n(n: int) -> str:
+    return f"{n:,}".replace(",", " ")
+
+
+ASSUMPTIONS = [
+    "an ETP group of n (tp 1) reads the same expected rows per rank from a shard of table/n, plus an "
+    "all-reduce of n x rows x row_bytes (alpha-beta, fitted on the runs' ETP lookups)",
+    "across nodes the inter-node link bounds the all-reduce's bus bandwidth and adds 2 (nodes - 1) link "
+    "latencies",
+    "host cores scale only the host-gather paths' per-row time (thread fit where gather_threads was varied, "
+    "else linearly), never below one row over the measured host->device bandwidth",
+    "the row rate falls with the table as (table/32 GiB)^delta (delta fitted on the runs' table-size sweeps)",
+]
+
+
+def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, tokens: Sequence[int],
+                 compute_us: float, w: WhatIf, hbm_bytes: int | None, host_bytes: int | None,
+                 graph_modes: str = "replayed") -> ModelAdvice:
+    kw = dict(heads=heads, table_bytes=table_bytes, w=w, hbm_bytes=hbm_bytes, host_bytes=host_bytes,
+              row_bytes=row_bytes, graph_modes=graph_modes)
+    answers = []
+    for t in tokens:
+        opts = options_at(model, tokens=t, compute_us=compute_us, **kw)
+        choice, rec = _choose(opts, table_bytes / GIB)
+        answers.append(ModelTokenAnswer(t, opts, rec, choice))
+    host = [a.tokens for a in answers if a.choice == "pinned host"]
+    hbm = [a.tokens for a in answers if a.choice == "HBM"]
+    any_pred = any(o.source == "predicted" for a in answers for o in a.options[:3])
+    tag = " (predicted where marked)" if any_pred else " (measured)"
+    if host and not hbm:
+        verdict = f"Keep the table in pinned host memory at {', '.join(map(str, host))} tokens per step{tag}."
+    elif hbm and not host:
+        verdict = f"Keep the table in HBM at {', '.join(map(str, hbm))} tokens per step{tag}."
+    elif host and hbm:
+        verdict = (f"Pinned host memory at {', '.join(map(str, host))} tokens per step, HBM at "
+                   f"{', '.join(map(str, hbm))}{tag}.")
+    else:
+        verdict = "No path fits the budgets."
+    if w.etp > 1:
+        verdict = f"ETP {w.etp}" + (f" over {w.nodes} nodes" if w.nodes > 1 else "") + ": " + verdict
+    from dataclasses import asdict
+
+    return ModelAdvice(what_if=asdict(w), answers=answers, verdict=verdict,
+                       what_would_change=what_would_change(model, tokens, compute_us, kw),
+                       loo_overall=asdict(model.loo_overall), rates=asdict(model.rates), assumptions=ASSUMPTIONS)
