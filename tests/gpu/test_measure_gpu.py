@@ -33,15 +33,13 @@ def workloads():
     y = torch.empty_like(x)
     src16 = torch.rand(4 << 20, device=DEV, generator=g) + 0.5  # 16 MiB
     dst16 = torch.empty_like(src16)
-    yield {
+    return {
         "copy_256MiB": lambda: dst256.copy_(src256),
         "matmul_4096_bf16": lambda: torch.mm(a, b, out=c),
         "add_1M_fp32": lambda: torch.add(x, 1.0, out=y),
         "copy_16MiB": lambda: dst16.copy_(src16),
         "_x": (x, y),
     }
-    del src256, dst256
-    torch.cuda.empty_cache()
 
 
 POLICY = TimingPolicy(warmup_ms=25, min_samples=20, max_samples=500, min_time_s=0.1, max_time_s=1.0)
