@@ -49,7 +49,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .measure import TimingPolicy
-    from .runner import RunOptions, run_suite, select_cases
+    from .suite_loop import RunOptions, run_suite, select_cases
     from .suite import SuiteError, load_suite
 
     gpu = _has_gpu()
@@ -191,7 +191,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001
         lines.append(("triton", f"missing: {exc}"))
     if gpu:
-        n = torch.cuda.device_count()
+        from .env import gpu_count
+
+        n = gpu_count()
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(n))
         lines.append(("GPU", f"{n}: {names}"))
     elif force_cpu():
@@ -263,7 +265,7 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from .suite import SuiteError, load_suite
-    from .runner import select_cases
+    from .suite_loop import select_cases
 
     try:
         suite = load_suite(args.suite)
@@ -289,7 +291,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return EXIT_BAD_USAGE
     print("command: " + shlex.join(cmd))
     if args.tool == "torch":
-        from .runner import torch_trace_name
+        from .dispatch import torch_trace_name
 
         print(f"trace:   {out}/<run_id>/{torch_trace_name(case.case_id)} (torch.profiler, CPU"
               + (" + CUDA" if _has_gpu() else "") + f" activity, the first {args.samples} samples of every "
@@ -316,7 +318,7 @@ def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
     import subprocess
     import time
 
-    from .runner import torch_trace_name
+    from .dispatch import torch_trace_name
 
     started = time.time()
     rc = subprocess.call(cmd)

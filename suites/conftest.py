@@ -90,7 +90,7 @@ class SuiteSession:
 
     @property
     def cases(self):
-        from ple_bench.runner import order_cases
+        from ple_bench.suite_loop import order_cases
 
         return order_cases(self.suite.cases)  # tables built once, resident step baselines first
 

@@ -1,7 +1,7 @@
 """Shared pytest setup: the repository root on ``sys.path`` (so ``tests.*``
 modules, e.g. a backend given by import path, and ``ple_bench`` import without
-an install), a fixed torch seed per test, and the ``gpu`` marker's skip on
-machines without CUDA."""
+an install), a fixed torch seed per test, and the ``gpu`` marker's skip where
+``ple_bench.env`` says there is no usable GPU (none, or ``PLE_BENCH_FORCE_CPU``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,12 @@ if str(REPO_ROOT) not in sys.path:
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    from ple_bench import env
+
+    if env.gpu_available():  # the one environment policy: PLE_BENCH_FORCE_CPU counts as no GPU
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none)")
+    why = f"{env.FORCE_CPU_ENV} is set" if env.force_cpu() else "this machine has none"
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU ({why})")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

@@ -76,3 +76,13 @@ class VictimBackend(DeviceResidentEmbedding):
         if os.environ.get("PLE_BENCH_TEST_POISONED"):
             raise RuntimeError("ran in a worker an earlier case had poisoned")
         return super().lookup(ids, dp_token_counts)
+
+
+class HangingBackend(DeviceResidentEmbedding):
+    """Never returns from its lookup: the runner must stop it at ``--case-timeout``."""
+
+    def lookup(self, ids, dp_token_counts=None):
+        import time
+
+        time.sleep(3600)
+        return super().lookup(ids, dp_token_counts)

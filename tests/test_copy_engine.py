@@ -5,7 +5,7 @@ prefetch/finalize.  ``memcpy_batch`` / ``memcpy_loop`` run through a fake
 addresses the backend computed, so the address lists, the call signatures
 (12.8-style ``(err, failIdx)`` and 13.x-style ``(err,)`` results) and the
 dispatch are checked without a GPU; the real bindings and copy engines are
-checked by scripts/gpu/verify_copy_engine.py."""
+checked by tests/gpu/test_copy_engine_gpu.py."""
 
 from __future__ import annotations
 

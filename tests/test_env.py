@@ -18,10 +18,11 @@ def test_forced_cpu_hides_a_gpu_everywhere(monkeypatch):
     monkeypatch.setenv(env.FORCE_CPU_ENV, "1")
     assert not env.gpu_available() and env.gpu_count() == 0 and env.device_for(5) == torch.device("cpu")
     # the entry points ask the same policy
-    from ple_bench import cli, runner
+    from ple_bench import cli, dispatch, provenance
     from suites import conftest
 
-    assert not cli._has_gpu() and runner.gpu_count() == 0 and not conftest.has_gpu()
+    assert not cli._has_gpu() and dispatch.gpu_count() == 0 and not conftest.has_gpu()
+    assert provenance.base_meta(type("S", (), {"name": "s", "path": "s.toml"})(), "functional")["gpu_count"] == 0
 
 
 def test_launcher_detection(monkeypatch):
@@ -33,6 +34,6 @@ def test_launcher_detection(monkeypatch):
     assert env.launcher() == "in_process" and env.external_world_size() == 2
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     assert env.launcher() == "torchrun"
-    from ple_bench.runner import launch_info
+    from ple_bench.provenance import launch_info
 
     assert launch_info([])["launcher"] == "torchrun"

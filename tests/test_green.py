@@ -4,7 +4,7 @@ SM counts read back from the resource, cleanup) and a fake torch GreenContext
 (keyword and positional ``create``, ``Stream()``); refusals (no CUDA, no way to
 make one, paths whose lookup runs on no SM); the pinned backend's side stream;
 suite validation; case ids; a CPU run recording an ``sm_limit`` case as skipped.
-The real driver and GPU are checked by scripts/gpu/verify_green.py."""
+The real driver and GPU are checked by tests/gpu/test_green_gpu.py."""
 
 from __future__ import annotations
 

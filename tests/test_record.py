@@ -164,7 +164,7 @@ def test_compute_slowdown():
 
 
 def test_the_runner_puts_prefetch_off_first():
-    from ple_bench.runner import order_cases
+    from ple_bench.suite_loop import order_cases
 
     base = dict(kind="step", impl="pinned_uva", vocab_size=1 << 20, dim=160, dtype="fp8", compute_us=50.0)
     cases = [Case(prefetch=True, **base), Case(prefetch=False, **base),
@@ -174,7 +174,7 @@ def test_the_runner_puts_prefetch_off_first():
 
 
 def test_derive_record_keeps_twins_for_later_steps():
-    from ple_bench.runner import derive_record
+    from ple_bench.suite_loop import derive_record
 
     twins: dict = {}
     off, on = _step(False, 0.4), _step(True, 0.1)

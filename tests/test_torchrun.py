@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ple_bench import results
-from ple_bench.runner import select_cases
+from ple_bench.suite_loop import select_cases
 from ple_bench.suite import load_suite
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,140 @@
+"""Sends each case to its ranks and turns the outcome into a record: by default to ple_bench's own
+worker processes (``worker.WorkerPool``, one pool per world size, a fresh one after any failure, so a
+poisoned or hung worker never runs the next case), under torchrun to this process, one rank of
+torchrun's world (``torchrun_protocol.TorchrunRanks``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from .case import Case
+from .env import gpu_count
+from .results import RunWriter, now_iso
+
+
+class CaseDispatcher:
+    """Finds (or starts) the worker pool for a case's world size and runs the case there, or,
+    under torchrun, hands it to :class:`~ple_bench.torchrun_protocol.TorchrunRanks`."""
+
+    def __init__(self, options, meta: dict[str, Any], writer: RunWriter):
+        self.options = options
+        self.meta = meta
+        self.writer = writer
+        self.pool = None
+        from .env import external_world_size
+
+        self.torchrun = None
+        if external_world_size() is not None:
+            from .torchrun_protocol import TorchrunRanks
+
+            self.torchrun = TorchrunRanks(options, meta, writer, external_world_size())
+
+    @property
+    def abort_reason(self) -> str | None:
+        """Why the run cannot go on (torchrun only: its ranks could not agree or recover)."""
+        return self.torchrun.abort_reason if self.torchrun is not None else None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self.torchrun is not None:
+            self.torchrun.close()
+
+    def _record(self, case: Case, status: str, reason: str = "", result: dict | None = None) -> dict:
+        return case_record(case, self.meta.get("mode"), status, reason, result)
+
+    def _ensure_pool(self, world: int):
+        from .worker import WorkerPool
+
+        if self.pool is not None and (self.pool.world != world or not self.pool.alive()):
+            self.pool.close()
+            self.pool = None
+        if self.pool is None:
+            self.pool = WorkerPool(world)
+            self._measure_ceilings(world)
+        return self.pool
+
+    def _measure_ceilings(self, world: int) -> None:
+        ceilings = self.meta.get("ceilings") or {}
+        need_single = not ceilings
+        need_world = world > 1 and f"allreduce_busbw_gbps_w{world}" not in ceilings
+        if not (need_single or need_world):
+            return
+        reply = self.pool.request(("ceilings",), timeout_s=300)
+        if reply[0] == "ok":
+            found = dict(reply[1].get("ceilings") or {})
+            if not need_single:
+                found = {k: v for k, v in found.items() if k.startswith("allreduce")}
+            ceilings.update(found)
+            self.meta["ceilings"] = ceilings
+            if reply[1].get("device") and not self.meta.get("device"):
+                self.meta["device"] = reply[1]["device"]
+            self.writer.update_meta(ceilings=ceilings, device=self.meta.get("device"))
+        else:
+            print(f"warning: ceilings not measured: {reply[1]}", file=sys.stderr)
+
+    def run_case(self, case: Case, policy) -> dict[str, Any]:
+        from .worker import WorkerError, policy_dict
+
+        world = case.world_size
+        if self.torchrun is not None:
+            return self.torchrun.run_case(case, policy)
+        gpus = gpu_count()
+        if gpus and world > gpus:
+            return self._record(case, "skipped", f"needs {world} GPUs, this machine has {gpus}")
+        try:
+            pool = self._ensure_pool(world)
+        except (WorkerError, TimeoutError, OSError) as exc:
+            self.close()
+            return self._record(case, "failed", f"could not start {world} worker(s): {exc}")
+        options = {"nvtx": self.options.nvtx, "profile_window": self.options.profile_window}
+        if self.options.torch_trace:
+            options["torch_trace"] = {"max_samples": self.options.torch_trace,
+                                      "path": str(self.writer.run_dir / torch_trace_name(case.case_id))}
+        started = time.perf_counter()
+        try:
+            reply = pool.request(("case", case.axes(), policy_dict(policy), options),
+                                 timeout_s=self.options.case_timeout_s)
+        except TimeoutError as exc:
+            self.close()
+            return self._record(case, "failed", f"timed out: {exc}; its workers were stopped")
+        except (BrokenPipeError, EOFError, OSError) as exc:  # a worker that died after its last case
+            self.close()
+            return self._record(case, "failed", f"its worker was gone before the case started ({exc}); "
+                                                "the workers were restarted")
+        duration = time.perf_counter() - started
+        status = reply[0]
+        if status == "ok":
+            rec = self._record(case, "ok", "", reply[1])
+        elif status == "skip":
+            rec = self._record(case, "skipped", reply[1])
+        elif status == "invalid":
+            rec = self._record(case, "invalid", reply[1])
+        else:
+            rec = self._record(case, "failed", reply[1])
+            rec["traceback"] = reply[2] if len(reply) > 2 else ""
+            # a failed case may have left its worker poisoned (a sticky CUDA error) or other
+            # ranks stuck in a collective: the next case starts in fresh workers
+            self.close()
+        rec["duration_s"] = round(duration, 3)
+        return rec
+
+
+def case_record(case: Case, mode: str | None, status: str, reason: str = "", result: dict | None = None) -> dict:
+    """A case's record: its id, outcome, axes and world size, then what it measured."""
+    rec: dict[str, Any] = {"case_id": case.case_id, "status": status, "reason": reason,
+                           "mode": mode, "finished_at": now_iso()}
+    rec.update(case.axes())
+    rec["world_size"] = case.world_size
+    if result:
+        rec.update(result)
+    return rec
+
+
+def torch_trace_name(case_id: str, rank: int = 0) -> str:
+    """The file name of a case's torch.profiler trace in its run folder (``run --torch-trace``)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in case_id)
+    return f"trace_{safe}.json" if rank == 0 else f"trace_{safe}.rank{rank}.json"

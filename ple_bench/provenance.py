@@ -1,0 +1,120 @@
+"""The run's provenance: ``meta.json``, what a run was and where it ran.
+
+:func:`start_meta` assembles a new run's ``meta.json`` (suite, mode and timer, versions, git commit,
+host, GPUs, how the ranks were launched, the timing policy, the command line), :func:`resume_meta`
+reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  While the run goes on,
+facts measured on the ranks are added to the same file as they become known, through
+``RunWriter.update_meta``: the physical ceilings and the device (``dispatch`` for ple_bench's own
+workers, ``torchrun_protocol`` under torchrun, which also adds every rank), and the host-gather
+ceilings of host-path records (:func:`_keep_host_gather_ceiling`, called by the suite loop)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from .case import Case
+from .results import RunWriter, now_iso
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "-uno"],
+                                   capture_output=True, text=True, timeout=5).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def base_meta(suite, mode: str) -> dict[str, Any]:
+    import torch
+
+    from . import env
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001
+        triton_version = None
+    return {
+        "suite": suite.name,
+        "suite_path": str(suite.path),
+        "mode": mode,
+        "timer": "cuda_event" if mode == "gpu" else "host_monotonic",
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "git_commit": git_commit(),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
+                 "cpu_count": os.cpu_count()},
+        "gpu_count": env.gpu_count(),
+    }
+
+
+def launch_info(cases: list[Case]) -> dict[str, Any]:
+    """How the ranks were started: ``torchrun`` (its world, nodes and run id) or
+    ``self`` (ple_bench's own worker processes, one pool per world size)."""
+    from . import env as env_policy
+
+    if env_policy.launcher() != "self":
+        env = os.environ
+        return {"launcher": env_policy.launcher(),
+                "world_size": int(env.get("WORLD_SIZE", "1")),
+                "local_world_size": int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
+                "nnodes": int(env["GROUP_WORLD_SIZE"]) if env.get("GROUP_WORLD_SIZE") else None,
+                "rdzv_run_id": env.get("TORCHELASTIC_RUN_ID"),
+                "master": f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}" if env.get("MASTER_ADDR") else None}
+    return {"launcher": "self", "world_sizes": sorted({c.world_size for c in cases})}
+
+
+def start_meta(suite, mode: str, run_dir: Path, writer: RunWriter, *, argv: list[str], policy,
+               functional_note: str, cases: list[Case]) -> dict[str, Any]:
+    """A new run's ``meta.json``, written; returns the dict the run keeps adding to."""
+    import dataclasses
+
+    meta = base_meta(suite, mode)
+    meta.update(run_id=run_dir.name, started_at=now_iso(), status="running", argv=argv,
+                timing_policy=dataclasses.asdict(policy), functional_note=functional_note or None,
+                num_cases=len(cases), launch=launch_info(cases))
+    meta["launcher"] = meta["launch"]["launcher"]
+    writer.write_meta(meta)
+    return meta
+
+
+def resume_meta(writer: RunWriter) -> dict[str, Any]:
+    """A resumed run's ``meta.json``, marked running again."""
+    return writer.update_meta(status="running", resumed_at=now_iso())
+
+
+def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reason: str | None) -> dict[str, Any]:
+    """The run's end: its status (complete, interrupted, aborted), when, and what was measured."""
+    extra = {"abort_reason": abort_reason} if abort_reason else {}
+    return writer.update_meta(ended_at=now_iso(), status=status,
+                              ceilings=meta.get("ceilings"), device=meta.get("device"), **extra)
+
+
+def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
+    """A host-path record's host-gather ceiling goes into ``meta.json``, once per
+    (table bytes, rows, row bytes): ``ceilings["host_gather"]["<table>:<rows>:<row>"]``."""
+    ceiling = rec.pop("host_gather_ceiling", None)
+    if not isinstance(ceiling, dict):
+        return
+    ceilings = meta.setdefault("ceilings", {}) or {}
+    meta["ceilings"] = ceilings
+    table = ceilings.setdefault("host_gather", {})
+    key = f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}"
+    if key not in table:
+        table[key] = ceiling
+        writer.update_meta(ceilings=ceilings)
