@@ -141,6 +141,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
 
     supports_prefetch = True
     default_kernel = "triton_tuned"
+    warms_cache = True
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, cache_rows: int = 0,
                  **kwargs) -> None:
@@ -213,7 +214,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
         self.refresh_cache()
 
     # ----------------------------------------------------------- lookup
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         from .fast_kernels import triton_tuned_lookup, tuned_lookup
 
         out = self._lookup_output(ids, out)
@@ -226,7 +227,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
             cached = self._cached_ids
             if cached.numel() == 0:
                 hit = torch.zeros_like(owned)
-                self.kernel(table, flat, dest, start, end)
+                self.run_kernel(table, flat, dest, start, end)
             else:
                 local = flat - start
                 pos = torch.searchsorted(cached, local).clamp_(max=cached.numel() - 1)
@@ -234,10 +235,11 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
                 slots = torch.where(hit, pos, torch.full_like(pos, -1))
                 cache = int_view(self._cache)
                 if self.kernel is triton_tuned_lookup:
-                    tuned_lookup(table, flat, dest, start, end, cache=cache, slots=slots)
+                    tuned_lookup(table, flat, dest, start, end, cache=cache, slots=slots,
+                                 max_programs=self.grid_cap)
                 else:
                     misses = torch.where(hit, torch.full_like(flat, -1), flat)
-                    self.kernel(table, misses, dest, start, end)
+                    self.run_kernel(table, misses, dest, start, end)
                     hot = cache.index_select(0, slots.clamp(min=0))
                     dest.copy_(torch.where(hit.unsqueeze(1), hot, dest))
             self._last_hits = hit.sum()

@@ -157,7 +157,7 @@ def check_etp_shards(device, backend: str, dtype_name: str) -> str:
             emb.load_full_table(full)
             s = emb.shard
             out = poisoned((ids.shape[0], heads, dim), dtype, device)
-            emb._local_lookup(ids, out=out)
+            emb.local_lookup(ids, out=out)
             assert_bytes_equal(out, masked_lookup(full_dev, ids, s.vocab_start, s.vocab_end),
                                f"{topo.as_dict()} rank {rank}")
             total += bytes_of(out).view(torch.int8)
@@ -323,7 +323,7 @@ def check_prefetch_under_load(device) -> str | tuple[str, str]:
     busy(chain)
     ids_buf.copy_(truth)
     with torch.cuda.stream(side):
-        emb._local_lookup(ids_buf, out=out)
+        emb.local_lookup(ids_buf, out=out)
     torch.cuda.synchronize()
     control_stale = not torch.equal(
         bytes_of(out), bytes_of(synthetic_expected(truth, dim, seed, torch.float8_e4m3fn)))
@@ -354,7 +354,7 @@ def check_graph_capture_refused(device) -> str:
     for msg in errors:
         assert msg is not None, "allocation during capture was not refused"
         assert "before cudagraph capture" in msg, msg
-    assert emb._buffer is None, "a buffer was allocated during capture"
+    assert emb.prefetch_buffer is None, "a buffer was allocated during capture"
     # eagerly it works, and the lookup is right
     emb.prepare_prefetch()
     emb.start_prefetch(ids)

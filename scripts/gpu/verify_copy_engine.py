@@ -198,7 +198,7 @@ def timing(dev, table_gib: float, mechanisms: list[str]) -> dict:
         ok = same(base.lookup(ids), want)
         look, _ = event_ms(lambda: base.lookup(ids), 20)
         pf, _ = event_ms(lambda: (base.start_prefetch(ids), base.finalize()), 20)
-        kern, _ = event_ms(lambda: base._local_lookup(ids, out=out), 20)
+        kern, _ = event_ms(lambda: base.local_lookup(ids, out=out), 20)
         line = (f"{n:>6} {'pinned_uva triton_reference':>30} {look:10.3f} {pf:12.3f} {kern:10.3f} "
                 f"{'':>9} {'':>11} {n * row_bytes / kern / 1e6:11.2f}")
         lines.append(line)
@@ -323,13 +323,13 @@ def overlap(dev, ctx: dict) -> None:
     reps = max(1, min(int(15.0 / max(one_ms, 1e-3)) + 1, int(400.0 / (1.5 * issue_ms)) or 1))
     side_ms = reps * one_ms
     k = max(4, int(0.8 * side_ms / max(comp1, 1e-3)))
-    kern_ms, _ = event_ms(lambda: base._local_lookup(ids, out=out), 10)
+    kern_ms, _ = event_ms(lambda: base.local_lookup(ids, out=out), 10)
     kreps = max(1, min(5000, int(1.1 * k * comp1 / max(kern_ms, 1e-3)) + 1))
     verdict(None, f"overlap setup: one {mech} batch of {n} copies: GPU {one_ms:.3f} ms, host issue {issue_ms:.3f} ms; "
                   f"{reps} batches beside a chain of {k} matmuls ({comp1:.3f} ms each)")
     alone, _, _ = med(None, 0)
     with_ce, ce_ms, ce_cov = med(ce_work, reps, issue_ms)
-    with_k, k_ms, k_cov = med(lambda: base._local_lookup(ids, out=out), kreps, 0.02)
+    with_k, k_ms, k_cov = med(lambda: base.local_lookup(ids, out=out), kreps, 0.02)
     # the main stream again, alone, to see the noise
     alone2, _, _ = med(None, 0)
     noise = abs(alone2 - alone) / alone

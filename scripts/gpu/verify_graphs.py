@@ -96,8 +96,8 @@ def check_breakable_fresh_ids(device: torch.device) -> None:
             eager_out = step.run("eager").clone()
             step.rows.view(torch.uint8).fill_(0x7F)
             step.out.fill_(float("nan"))
-            if isinstance(getattr(backend, "_buffer", None), torch.Tensor):
-                backend._buffer.view(torch.uint8).fill_(0x7F)
+            if backend.prefetch_buffer is not None:
+                backend.prefetch_buffer.view(torch.uint8).fill_(0x7F)
             step.set_inputs(ids)  # fresh ids into the static input, then replay
             out = step.run("breakable")
             torch.cuda.synchronize(device)
@@ -182,7 +182,7 @@ def check_alloc_refused(device: torch.device) -> None:
     refused = "eagerly" in message and "capture" in message
     still_capturing = torch.cuda.is_current_stream_capturing()
     usable = float(torch.ones(4, device=device).sum().item()) == 4.0
-    no_buffer = getattr(backend, "_buffer", None) is None
+    no_buffer = backend.prefetch_buffer is None
     report("prefetch_alloc_refused_in_capture",
            refused and not still_capturing and usable and no_buffer and not g.captured,
            f"error={message!r}, capture left open={still_capturing}, buffer allocated={not no_buffer}")

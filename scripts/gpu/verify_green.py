@@ -164,7 +164,7 @@ def correctness(dev) -> None:
             ok = True
             for rep in range(3):
                 out.view(torch.uint8).fill_(0xFF)
-                b._buffer.view(torch.uint8).fill_(0xFF)
+                b.prefetch_buffer.view(torch.uint8).fill_(0xFF)
                 b.start_prefetch(ids)
                 b.finalize(out=out)
                 torch.cuda.synchronize(dev)
