@@ -30,7 +30,7 @@ result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
 
 *Capabilities* (class attributes, :data:`CAPABILITIES` gives their types):
 ``supports_prefetch``, ``table_in_host_memory``, ``blocks_host``,
-``reads_ids_on_host``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+``reads_ids_on_host``, ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
 sample of past traffic before it is measured), ``side_stream_settings`` (which
 of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
