@@ -128,13 +128,15 @@ def check_backend(cls: type | str, *, dtypes: tuple[str, ...] = ("bf16", "fp8"),
     """Check backend ``cls`` (a class, a registered name or ``package.module:Class``)
     against the contract; ``kwargs`` go to its constructor.  Returns the checks that
     ran; raises :class:`ContractError` at the first one that fails."""
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown:  # the caller's mistake, not the backend's
+        raise ValueError(f"dtypes: unknown {unknown}; allowed: {sorted(DTYPES)}")
     cls = _resolve(cls)
     c = _Checker(getattr(cls, "__qualname__", repr(cls)))
     c.check(isinstance(cls, type) and issubclass(cls, PLEEmbedding),
             "is not a subclass of ple_bench.backends.PLEEmbedding")
     _check_capabilities(c, cls)
     for dtype in dtypes:
-        c.check(dtype in DTYPES, f"unknown dtype {dtype!r} asked of the checker; allowed: {sorted(DTYPES)}")
         _check_instance(c, cls, dtype, vocab_size, dim, num_heads, num_tokens, seed, kwargs)
     return c.ran
 

@@ -44,6 +44,11 @@ def test_builtin_without_a_cache_and_other_dtypes():
     assert len(check_backend("pinned_uva", dtypes=("bf16",), kernel="dedup_triton")) == 2
 
 
+def test_checker_refuses_an_unknown_dtype_as_the_callers_mistake():
+    with pytest.raises(ValueError, match="dtypes: unknown \\['bf17'\\]"):
+        check_backend("device", dtypes=("bf17",))
+
+
 def test_checker_takes_a_class_and_an_import_path():
     assert check_backend(DeviceResidentEmbedding, dtypes=("bf16",))[0] == "capabilities"
     assert len(check_backend("tests.plugin_backends:VictimBackend", dtypes=("bf16",))) == 2
