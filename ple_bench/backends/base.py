@@ -188,7 +188,7 @@ class PLEEmbedding(ABC):
         self.format = StorageFormat.for_dtype(dtype)
         self.storage_dtype = self.format.storage_dtype
         self.device = self._resolve_device(device)
-        self._grid_cap: int | None = None
+        self._grid_programs: int | None = None
         self.set_kernel(kernel or self.default_kernel)
         self.shard = ShardSpec.compute(
             num_embeddings, padding_size, self.topology.etp, self.coords.etp_rank
@@ -224,7 +224,7 @@ class PLEEmbedding(ABC):
         self.kernel_name = kernel
         self.kernel = get_kernel(kernel)
         if not self.supports_grid_cap:
-            self._grid_cap = None
+            self._grid_programs = None
 
     @property
     def supports_grid_cap(self) -> bool:
@@ -237,7 +237,7 @@ class PLEEmbedding(ABC):
         default, see ``fast_kernels.set_max_programs``).  Any cap is correct: each
         program loops over row blocks; a cap of ``grid_frac x SMs`` keeps the lookup
         on about that share of the SMs."""
-        return self._grid_cap
+        return self._grid_programs
 
     @grid_cap.setter
     def grid_cap(self, n: int | None) -> None:
@@ -246,11 +246,11 @@ class PLEEmbedding(ABC):
             if not self.supports_grid_cap:
                 raise ValueError(f"grid_cap: kernel {self.kernel_name} takes no grid cap "
                                  "(it launches one program per id)")
-        self._grid_cap = n
+        self._grid_programs = n
 
     def kernel_options(self) -> dict[str, Any]:
         """Keyword arguments for the lookup kernel: ``max_programs`` when a grid cap is set."""
-        return {} if self._grid_cap is None else {"max_programs": self._grid_cap}
+        return {} if self._grid_programs is None else {"max_programs": self._grid_programs}
 
     def run_kernel(self, table: torch.Tensor, flat_ids: torch.Tensor, out: torch.Tensor,
                    vocab_start: int, vocab_end: int) -> None:
