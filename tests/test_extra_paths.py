@@ -396,3 +396,39 @@ def test_executor_hot_cache_hits_on_fresh_zipf_id_sets():
     uniform = CaseExecutor(device=torch.device("cpu")).run(
         Case(**{**case.axes(), "ids": "uniform", "extra": ()}), pol)
     assert uniform["cache_hit_rate"] < 0.1  # 1 % of the rows cached: uniform ids rarely hit
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
+    """The direct path (one rank, host ids, deferred) and the general one give the
+    same bytes for lookup, prefetch into a fresh output and prefetch into ``out=``."""
+    heads, dim, tokens = 3, 8, 5
+    paths = []
+    for direct in (True, False):
+        b = PinnedCPUGatherEmbedding(VOCAB, dim, dtype="fp8", num_heads=heads, max_tokens=tokens, device="cpu")
+        b.fill_synthetic(7, scale=0.5)
+        b.direct = direct
+        paths.append(b)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        ids = torch.randint(0, VOCAB, (tokens, heads), generator=gen).to(id_dtype)
+        got = []
+        for b in paths:
+            a = b.lookup(ids)
+            b.start_prefetch(ids)
+            p = b.finalize()
+            out = torch.empty_like(a)
+            out.view(torch.uint8).fill_(0x7F)  # poison
+            b.start_prefetch(ids)
+            q = b.finalize(out=out)
+            assert q is out
+            got.append([t.view(torch.uint8).clone() for t in (a, p, q)])
+        w = paths[1].weight
+        ref = w.view(torch.uint8).view(w.shape[0], -1)[ids.reshape(-1).long()].reshape(tokens, -1)
+        for results in got:
+            for t in results:
+                assert torch.equal(t, ref)
+    assert paths[0].host_thread_s > 0  # the direct path counts its host work too
+    with pytest.raises(ValueError, match="contiguous"):
+        paths[0].start_prefetch(ids)
+        paths[0].finalize(out=torch.empty(tokens, heads * dim + 1, dtype=paths[0].storage_dtype))

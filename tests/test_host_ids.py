@@ -207,7 +207,7 @@ def test_deferred_host_prefetch_does_the_work_in_finalize(impl):
     b.fill_synthetic(SEED, scale=0.5)
     first, second = _host_ids(21), _host_ids(22)
     b.start_prefetch(first)
-    assert b._host_pool is None and b._deferred is not None  # nothing handed off, nothing done yet
+    assert b._host_pool is None and b.host_thread_s == 0.0  # nothing handed off, nothing done yet
     b.start_prefetch(second)  # the unfinished first one is dropped
     got = b.finalize()
     assert torch.equal(got.view(torch.uint8), _reference(b, second).view(torch.uint8))

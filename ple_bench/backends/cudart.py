@@ -45,6 +45,90 @@ def memcpy_async() -> Any | None:
     return fn
 
 
+@functools.lru_cache(maxsize=1)
+def runtime() -> Any | None:
+    """The loaded libcudart as a ctypes library with the few calls the host paths
+    make typed (event create / record / synchronize / destroy, stream wait), or
+    None (no libcudart loaded, or ``PLE_BENCH_RAW_CUDART=0``)."""
+    if os.environ.get("PLE_BENCH_RAW_CUDART") == "0":
+        return None
+    path = loaded_libcudart()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        vp, i = ctypes.c_void_p, ctypes.c_int
+        for name, args in (("cudaEventCreateWithFlags", [ctypes.POINTER(vp), ctypes.c_uint]),
+                           ("cudaEventRecord", [vp, vp]), ("cudaEventSynchronize", [vp]),
+                           ("cudaEventDestroy", [vp]), ("cudaStreamWaitEvent", [vp, vp, ctypes.c_uint])):
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = i
+    except (OSError, AttributeError):
+        return None
+    return lib
+
+
+def _check(err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"{what} failed: cudaError {err}")
+
+
+class RawEvent:
+    """A CUDA event without timing (``cudaEventDisableTiming``), called through
+    ctypes: a record or a wait is one runtime call, no Python-level wrapper.
+    Only for eager code (never inside a graph capture)."""
+
+    DISABLE_TIMING = 2
+
+    def __init__(self) -> None:
+        self._rt = runtime()
+        if self._rt is None:
+            raise RuntimeError("RawEvent needs a loaded libcudart")
+        handle = ctypes.c_void_p()
+        _check(self._rt.cudaEventCreateWithFlags(ctypes.byref(handle), self.DISABLE_TIMING), "cudaEventCreateWithFlags")
+        self.handle = handle.value
+
+    def record(self, stream_handle: int) -> None:
+        _check(self._rt.cudaEventRecord(self.handle, stream_handle), "cudaEventRecord")
+
+    def synchronize(self) -> None:
+        _check(self._rt.cudaEventSynchronize(self.handle), "cudaEventSynchronize")
+
+    def wait_on(self, stream_handle: int) -> None:
+        """``stream_handle`` waits (on the device) for this event's last record."""
+        _check(self._rt.cudaStreamWaitEvent(stream_handle, self.handle, 0), "cudaStreamWaitEvent")
+
+    def close(self) -> None:
+        if self.handle is not None and self._rt is not None:
+            self._rt.cudaEventDestroy(self.handle)
+        self.handle = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def current_stream_handle(device_index: int) -> int:
+    """The raw ``cudaStream_t`` of the current stream of ``device_index`` (torch's own, no Stream object)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def memcpy_h2d_raw(dest_ptr: int, src_ptr: int, nbytes: int, stream_handle: int) -> None:
+    """One raw ``cudaMemcpyAsync`` host->device (pinned source) on ``stream_handle``."""
+    fn = memcpy_async()
+    err = fn(dest_ptr, src_ptr, nbytes, MEMCPY_H2D, stream_handle)
+    if err != 0:
+        raise RuntimeError(f"cudaMemcpyAsync (host->device, {nbytes} bytes) failed: cudaError {err}")
+
+
 def copy_h2d_async(dest, src, stream) -> None:
     """``dest`` (device, contiguous) <- ``src`` (pinned host, contiguous, same bytes),
     asynchronously on ``stream``: one raw runtime call where it can be had, else

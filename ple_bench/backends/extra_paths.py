@@ -17,11 +17,13 @@ hot cache's kernel; the CPU gather, which runs no kernel, refuses it.
 from __future__ import annotations
 
 import contextlib
+import time
+from typing import Sequence
 
 import torch
 
 from ..annotate import annotate
-from .cudart import copy_h2d_async
+from .cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_async, memcpy_h2d_raw, runtime
 from .formats import int_view
 from .host_prefetch import HostPathEmbedding, StagingBuffer
 from .pinned import PinnedUVAEmbedding
@@ -81,6 +83,11 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             raise ValueError(f"gather_threads must be a non-negative integer, got {gather_threads!r}")
         self.gather_threads = gather_threads or default_gather_threads()
         self._staging = StagingBuffer(pinned=not self.functional)
+        self._direct_state: _DirectState | None = None
+        self._direct_pending: tuple | None = None
+        self._direct_static: bool | None = None  # the call-independent part of _direct_ok
+        #: the direct path (see :meth:`_direct_ok`); False forces the general one (for A/B checks)
+        self.direct = True
 
     def host_thread_initializer(self):
         n = self.gather_threads
@@ -91,7 +98,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         """Rows of ``host_ids`` (CPU int64, flat, global) into ``dest`` (CPU
         ``[n, dim]``), zero rows for ids outside the shard; counted as host work."""
         with self.host_thread_time(), torch_threads(self.gather_threads):
-            table = byte_rows(self.weight)
+            table = self._table_bytes()
             out = byte_rows(dest)
             start, end = self.shard.vocab_start, self.shard.vocab_end
             if start == 0 and end == self.num_embeddings:  # the whole table: every id is this rank's
@@ -101,6 +108,13 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             local = torch.where(owned, host_ids - start, torch.zeros_like(host_ids))
             torch.index_select(table, 0, local, out=out)
             out.masked_fill_(~owned.unsqueeze(1), 0)
+
+    def _table_bytes(self) -> torch.Tensor:
+        """The table as ``[rows, row_bytes]`` uint8 (a view, made once per table)."""
+        cached = getattr(self, "_table_bytes_view", None)
+        if cached is None or cached[0] is not self.weight:
+            cached = self._table_bytes_view = (self.weight, byte_rows(self.weight))
+        return cached[1]
 
     def host_rows(self, host_ids: torch.Tensor, dest: torch.Tensor, stream) -> None:
         if dest.device.type == "cpu":
@@ -112,9 +126,174 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             copy_h2d_async(dest, staging, stream)
             self._staging.copied_on(stream)
 
+    # ----------------------------------------------------------- the direct path
+    def _direct_ok(self, ids: torch.Tensor, dp_token_counts) -> bool:
+        """The common server case, done with nothing around the work: one rank
+        owns the whole table (no ETP, no DP gather), the ids are a host tensor, and
+        the host work runs on the calling thread (``host_prefetch="deferred"``).
+        On CUDA it also needs the loaded libcudart (raw copy, raw events) and no
+        graph capture in progress; anything else takes the general path."""
+        if not self.direct or ids.device.type != "cpu":
+            return False
+        static = self._direct_static
+        if static is None:
+            topo = self.topology
+            static = self._direct_static = (
+                self.host_prefetch == "deferred" and topo.replicas == 1 and topo.etp == 1
+                and self.groups.etp_group is None
+                and (self.functional or (memcpy_async() is not None and runtime() is not None)))
+        if not static:
+            return False
+        return self.functional or not torch.cuda.is_current_stream_capturing()
+
+    def _direct(self) -> "_DirectState":
+        st = self._direct_state
+        if st is None:
+            st = self._direct_state = _DirectState(self)
+        return st
+
+    def _direct_rows(self, ids: torch.Tensor, out: torch.Tensor, stream_handle: int | None) -> None:
+        """Rows of host ``ids`` into ``out`` (contiguous ``[tokens, heads*dim]`` or
+        ``[tokens, heads, dim]``): one ``index_select`` into pinned staging, one raw
+        host->device copy on ``stream_handle`` (on the host: straight into ``out``).
+        The gather is written out here (not through :meth:`host_gather`): on the
+        lent H200 host every Python layer around a 1 K-row gather costs microseconds
+        that the hand version does not pay (scripts/gpu/host_gather_direct.py)."""
+        st = self._direct()
+        flat = ids.reshape(-1)
+        n = flat.numel()
+        if self.functional:
+            self.host_gather(flat, out.view(torch.uint8).view(n, -1))
+            return
+        staging = st.staging(n)  # waits for the last copy out of it
+        threads = self.gather_threads
+        t0 = time.thread_time()
+        if threads == torch.get_num_threads():
+            torch.index_select(st.table, 0, flat, out=staging)
+        else:
+            with torch_threads(threads):
+                torch.index_select(st.table, 0, flat, out=staging)
+        spent = time.thread_time() - t0
+        memcpy_h2d_raw(out.data_ptr(), staging.data_ptr(), n * st.row_bytes, stream_handle)
+        st.copied.record(stream_handle)
+        st.in_use = True
+        with self._host_time_lock:
+            self.host_thread_s += spent
+
+    def lookup(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None) -> torch.Tensor:
+        if not self._direct_ok(ids, dp_token_counts):
+            return super().lookup(ids, dp_token_counts)
+        self._check_ids(ids)
+        if dp_token_counts is not None:
+            self._slot(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
+        out = torch.empty(ids.shape[0], self.num_heads * self.embedding_dim, dtype=self.storage_dtype,
+                          device=self.device)
+        with annotate("lookup", color="green"):
+            self._direct_rows(ids, out, None if self.functional else current_stream_handle(self.device.index))
+        return out
+
+    def start_prefetch(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None) -> None:
+        self._direct_pending = None
+        if not self._direct_ok(ids, dp_token_counts):
+            return super().start_prefetch(ids, dp_token_counts)
+        self._check_ids(ids)
+        if dp_token_counts is not None:
+            self._slot(ids.shape[0], dp_token_counts)
+        if ids.shape[0] > self.prefetch_rows:
+            raise ValueError(f"pinned PLE prefetch buffer holds {self.prefetch_rows} rows, "
+                             f"but the batch needs {ids.shape[0]}")
+        self._deferred = None
+        self._join()
+        with annotate("prefetch_start", color="yellow"):
+            if not self.functional:
+                # the side stream's copy comes after the main stream's work so far (the
+                # previous step's readers of the output), not after the compute launched next
+                st = self._direct()
+                main = current_stream_handle(self.device.index)
+                st.main_mark.record(main)
+                st.main_mark.wait_on(st.side_handle)
+            self._direct_pending = (ids,)
+
+    def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        pending, self._direct_pending = self._direct_pending, None
+        if pending is None:
+            return super().finalize(out)
+        (ids,) = pending
+        shape = (ids.shape[0], self.num_heads * self.embedding_dim)
+        with annotate("prefetch_finalize", color="yellow"):
+            if out is None:
+                out = torch.empty(shape, dtype=self.storage_dtype, device=self.device)
+                fresh = True
+            else:
+                if tuple(out.shape) != shape or out.dtype != self.storage_dtype or not out.is_contiguous():
+                    raise ValueError(f"finalize output must be a contiguous {shape} of {self.storage_dtype}")
+                fresh = False
+            if self.functional:
+                self._direct_rows(ids, out, None)
+                return out
+            st = self._direct()
+            main = current_stream_handle(self.device.index)
+            if fresh:  # a new block may have been in use on the main stream until now
+                self._direct_rows(ids, out, main)
+                return out
+            self._direct_rows(ids, out, st.side_handle)
+            st.side_done.record(st.side_handle)
+            st.side_done.wait_on(main)
+        return out
+
     def close(self) -> None:
+        self._direct_pending = None
+        if self._direct_state is not None:
+            self._direct_state.close()
+        self._direct_state = None
+        self._table_bytes_view = None
         super().close()
         self._staging.release()
+
+
+class _DirectState:
+    """What the direct path keeps between calls: the table's byte view, the pinned staging buffer (sized for ``prefetch_rows`` x heads rows, views cached per row
+    count) and the raw events that order it."""
+
+    def __init__(self, path: PinnedCPUGatherEmbedding) -> None:
+        self.table = path._table_bytes()
+        self.row_bytes = path.row_bytes
+        self.functional = path.functional
+        self._views: dict[int, torch.Tensor] = {}
+        self._buf: torch.Tensor | None = None
+        self._capacity = max(1, path.prefetch_rows) * path.num_heads
+        self.in_use = False
+        self.side_handle = 0
+        if not self.functional:
+            self.copied = RawEvent()  # the last copy out of staging
+            self.main_mark = RawEvent()  # the main stream's work before a prefetch
+            self.side_done = RawEvent()  # the side stream's copy of a prefetch
+            if path._stream is None:
+                path._stream = path._new_side_stream()
+            self.side_handle = path._stream.cuda_stream
+
+    def staging(self, rows: int) -> torch.Tensor:
+        if self.in_use:
+            self.copied.synchronize()
+            self.in_use = False
+        view = self._views.get(rows)
+        if view is None:
+            if self._buf is None or self._buf.shape[0] < rows:
+                self._capacity = max(self._capacity, rows)
+                self._buf = torch.empty(self._capacity, self.row_bytes, dtype=torch.uint8, pin_memory=True)
+                self._views.clear()
+            view = self._views[rows] = self._buf[:rows]
+        return view
+
+    def close(self) -> None:
+        if not self.functional:
+            if self.in_use:
+                self.copied.synchronize()
+            for ev in (self.copied, self.main_mark, self.side_done):
+                ev.close()
+        self._views.clear()
+        self._buf = None
+        self.table = None
 
 
 @register_backend("pinned_hot_cache")
