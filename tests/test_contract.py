@@ -259,6 +259,8 @@ def test_engine_grid_frac_sets_the_backends_cap_not_a_global():
 ALLOWED = {
     # a profiling script that wraps the host path's internal steps one by one, on purpose
     "scripts/gpu/host_gather_profile.py",
+    # times the CPU gather's direct path layer by layer (its private steps), on purpose
+    "scripts/gpu/host_gather_direct.py",
 }
 # the contract checker reads the declared capabilities by name: that is what it checks
 NO_PROBE_RULE = {"ple_bench/testing.py"}

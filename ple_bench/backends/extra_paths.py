@@ -185,7 +185,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             return super().lookup(ids, dp_token_counts)
         self._check_ids(ids)
         if dp_token_counts is not None:
-            self._slot(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
+            self.slot_size(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
         out = torch.empty(ids.shape[0], self.num_heads * self.embedding_dim, dtype=self.storage_dtype,
                           device=self.device)
         with annotate("lookup", color="green"):
@@ -198,7 +198,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             return super().start_prefetch(ids, dp_token_counts)
         self._check_ids(ids)
         if dp_token_counts is not None:
-            self._slot(ids.shape[0], dp_token_counts)
+            self.slot_size(ids.shape[0], dp_token_counts)
         if ids.shape[0] > self.prefetch_rows:
             raise ValueError(f"pinned PLE prefetch buffer holds {self.prefetch_rows} rows, "
                              f"but the batch needs {ids.shape[0]}")
