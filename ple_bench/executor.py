@@ -1,6 +1,8 @@
 """Runs one case on one rank: build (or reuse) the table, make the ids, check the
 output against the reference, then measure.  Knows the backends only through
-the registry and :class:`~ple_bench.backends.base.PLEEmbedding`.
+the registry and the contract :class:`~ple_bench.backends.base.PLEEmbedding`
+declares (its capabilities and public operations: nothing private, no probing
+by name; ``tests/test_contract.py`` keeps it so).
 
 A case that cannot run here raises :class:`SkipCase`; a wrong output raises
 :class:`InvalidCase` (it is never timed); anything else is a failure."""
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 
 from .annotate import annotate
-from .backends import get_backend, get_kernel, host_alloc, synthetic_rows
+from .backends import get_backend, host_alloc, synthetic_rows
 from .case import Case
 from .parallel import Groups, Topology
 
@@ -110,8 +112,7 @@ class CaseExecutor:
             torch.cuda.empty_cache()
 
     def _check_memory(self, case: Case, cls: type, shard_bytes: int) -> None:
-        needs_host = (getattr(cls, "table_in_host_memory", False) or getattr(cls, "supports_prefetch", False)
-                      or "pinned" in cls.__name__.lower())
+        needs_host = cls.table_in_host_memory
         if self.device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(self.device)
             dev_need = 0 if needs_host else shard_bytes
@@ -154,15 +155,14 @@ class CaseExecutor:
             backend = self.table.backend
             backend.set_max_tokens(case.num_tokens)
             # same table, another kernel: swap the kernel, keep the filled table
-            backend.kernel_name = case.kernel or type(backend).default_kernel
-            backend.kernel = get_kernel(backend.kernel_name)
+            backend.set_kernel(case.kernel or type(backend).default_kernel)
             return backend
         self.release_table()
         try:
             cls = get_backend(case.impl)
         except ValueError as exc:
             raise SkipCase(str(exc)) from exc
-        in_host = getattr(cls, "table_in_host_memory", False)
+        in_host = cls.table_in_host_memory
         if case.host_alloc != "torch" and not in_host:
             raise SkipCase(f"host_alloc={case.host_alloc} applies to tables in pinned host memory; "
                            f"{case.impl} keeps its table elsewhere")
@@ -242,7 +242,7 @@ class CaseExecutor:
             id_sets = self.id_sets_for(case, topo, getattr(policy, "id_sets", 1))
             ids = id_sets[0]
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
-            if hasattr(backend, "warm_cache"):
+            if type(backend).warms_cache:
                 # The hot-row cache is filled from *past* traffic: a larger, independent sample of the
                 # same distribution (never the measured ids themselves, which would hit 100% by construction).
                 history = replace(case, seed=case.seed + 104_729, num_tokens=max(4096, 16 * case.num_tokens))
@@ -262,7 +262,7 @@ class CaseExecutor:
             raise SkipCase(f"sm_limit={case.sm_limit} limits the prefetch side stream; prefetch is off")
         if self.device.type != "cuda":
             raise SkipCase(f"sm_limit={case.sm_limit} needs CUDA (green contexts); functional mode has no streams")
-        if getattr(backend, "sm_limit", None) != case.sm_limit or not hasattr(backend, "prepare_prefetch"):
+        if "sm_limit" not in type(backend).side_stream_settings or backend.sm_limit != case.sm_limit:
             raise SkipCase(f"{case.impl} has no sm_limit setting for its side stream")
         total = torch.cuda.get_device_properties(self.device).multi_processor_count
         if case.sm_limit > total:
@@ -318,8 +318,8 @@ class CaseExecutor:
             out = fn()
             self.check_output(case, backend, cur, out)
         out.view(torch.uint8).fill_(0x7F)
-        buffer = getattr(backend, "_buffer", None)
-        if isinstance(buffer, torch.Tensor):
+        buffer = backend.prefetch_buffer
+        if buffer is not None:
             buffer.view(torch.uint8).fill_(0x7F)
         if self.device.type == "cuda":  # the poison lands before the next lookup, whatever it waits for
             torch.cuda.synchronize(self.device)
@@ -409,17 +409,16 @@ class CaseExecutor:
         about itself: the CPU time of its own host threads per call and, for a
         cache, the hit rate over all of them."""
         out: dict[str, Any] = {}
-        if hasattr(backend, "reset_stats"):
-            backend.reset_stats()
-        before = getattr(backend, "host_thread_s", None)
+        backend.reset_stats()
+        before = backend.host_thread_s
         for _ in range(calls):
             fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if before is not None:
-            out["host_thread_ms"] = (backend.host_thread_s - before) * 1e3 / calls
-        if hasattr(backend, "stats"):
-            out["cache_hit_rate"] = backend.stats().get("hit_rate")
+        out["host_thread_ms"] = (backend.host_thread_s - before) * 1e3 / calls
+        stats = backend.stats()
+        if "hit_rate" in stats:
+            out["cache_hit_rate"] = stats["hit_rate"]
         return out
 
     def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:
@@ -427,15 +426,15 @@ class CaseExecutor:
 
         out: dict[str, Any] = {}
         ids = backend.device_ids(ids)  # the collectives take device tensors
-        slot = backend._slot(ids.shape[0], counts)
+        slot = backend.slot_size(ids.shape[0], counts)
         if backend.topology.replicas > 1:
-            g = m.measure(lambda: backend._gather_ids(ids, slot), device=self.device, policy=pol,
+            g = m.measure(lambda: backend.gather_ids(ids, slot), device=self.device, policy=pol,
                           label="gather")
             out["gather_ms"] = g.stats()["median_ms"]
             out["gather_bytes"] = ids.numel() * ids.element_size() * backend.topology.replicas
         if backend.groups.etp_group is not None:
-            rows = backend._local_lookup(backend._gather_ids(ids, slot))
-            r = m.measure(lambda: backend._reduce(rows), device=self.device, policy=pol, label="reduce")
+            rows = backend.local_lookup(backend.gather_ids(ids, slot))
+            r = m.measure(lambda: backend.reduce_rows(rows), device=self.device, policy=pol, label="reduce")
             out["reduce_ms"] = r.stats()["median_ms"]
             nbytes = rows.numel() * rows.element_size()
             out["reduce_bytes"] = nbytes
@@ -500,31 +499,31 @@ def sm_limit_fields(case: Case, backend) -> dict[str, Any]:
     ``green_via`` (how it was made) for a case with ``sm_limit`` > 0; nothing otherwise."""
     if not case.sm_limit:
         return {}
-    return {"sm_limit_granted": getattr(backend, "sm_limit_granted", None),
-            "green_via": getattr(backend, "green_via", None)}
-
-
-GRID_CAPPED_KERNELS = ("triton_tuned", "dedup_triton", "dedup:triton_tuned")
+    return {"sm_limit_granted": backend.sm_limit_granted, "green_via": backend.green_via}
 
 
 @contextlib.contextmanager
 def _grid_cap(case: Case, backend):
-    """``grid_frac`` < 1 caps the lookup's programs at that share of the SMs
-    (kernels with a grid cap only; the reference launches one program per id)."""
+    """``grid_frac`` < 1 caps the lookup's programs at that share of the SMs: the
+    backend's ``grid_cap`` for the case (kernels that take a grid cap only,
+    ``supports_grid_cap``; the reference launches one program per id)."""
     if case.grid_frac == 1.0:
         yield
         return
-    if backend.kernel_name not in GRID_CAPPED_KERNELS:
-        raise SkipCase(f"grid_frac={case.grid_frac} needs a kernel with a grid cap {GRID_CAPPED_KERNELS}; "
+    if not backend.supports_grid_cap:
+        from .backends.kernels import kernel_names, takes_grid_cap, get_kernel
+
+        capped = tuple(k for k in kernel_names() if takes_grid_cap(get_kernel(k)))
+        raise SkipCase(f"grid_frac={case.grid_frac} needs a kernel with a grid cap {capped}; "
                        f"{backend.kernel_name} launches one program per id")
     from .backends import fast_kernels
 
-    previous = fast_kernels.get_max_programs()
-    fast_kernels.set_max_programs(fast_kernels.max_programs_for_grid_frac(case.grid_frac, backend.device))
+    previous = backend.grid_cap
+    backend.grid_cap = fast_kernels.max_programs_for_grid_frac(case.grid_frac, backend.device)
     try:
         yield
     finally:
-        fast_kernels.set_max_programs(previous)
+        backend.grid_cap = previous
 
 
 def _lockstep(policy):

@@ -149,7 +149,7 @@ class DecodeStep:
         heads, dim = backend.num_heads, backend.embedding_dim
         self.emb_width = heads * dim
 
-        if self.prefetch and hasattr(backend, "prepare_prefetch"):
+        if self.prefetch:
             backend.prepare_prefetch()  # eagerly: allocation is refused during capture
 
         dev, act = self.device, self.act_dtype
@@ -443,8 +443,8 @@ def check_step(
         step.set_inputs(ids, dp_token_counts)
         step.rows.view(torch.uint8).fill_(0x7F)  # e4m3 NaN / huge values: never a valid row
         step.out.fill_(float("nan"))
-        buffer = getattr(step.backend, "_buffer", None)
-        if isinstance(buffer, torch.Tensor):
+        buffer = step.backend.prefetch_buffer
+        if buffer is not None:
             buffer.view(torch.uint8).fill_(0x7F)
         step._sync()  # the poison lands before the step, whatever its prefetch waits for
         run()
@@ -593,7 +593,7 @@ def run_step_case(
     counts = list(dp_token_counts) if dp_token_counts is not None else None
     multi = backend.topology.world_size > 1
     pol = _lockstep(policy) if multi else policy
-    host_sync = bool(getattr(type(backend), "blocks_host", False)) or ids_on == "host"
+    host_sync = type(backend).blocks_host or ids_on == "host"
 
     step = DecodeStep(
         backend, hidden=case.hidden, num_tokens=sets[0].shape[0], compute_us=case.compute_us,
@@ -605,8 +605,8 @@ def run_step_case(
     finally:
         step.close()
     if sm_limit:
-        rec["sm_limit_granted"] = getattr(backend, "sm_limit_granted", None)
-        rec["green_via"] = getattr(backend, "green_via", None)
+        rec["sm_limit_granted"] = backend.sm_limit_granted
+        rec["green_via"] = backend.green_via
     return rec
 
 
@@ -694,22 +694,13 @@ def _apply_side_stream_setting(backend, name: str, value: int, case, device: tor
     the backend before its side stream exists.  ``NotImplementedError`` -> skipped."""
     if device.type != "cuda":
         raise NotImplementedError(f"{name}={value} needs CUDA (functional mode has no streams)")
-    if not (case.prefetch and getattr(backend, "supports_prefetch", False)):
+    if not (case.prefetch and type(backend).supports_prefetch):
         raise NotImplementedError(
             f"{name} {what}; impl={case.impl} prefetch={case.prefetch} launches no side stream"
         )
     if refusal:
         raise NotImplementedError(f"{name}={value}: {refusal}")
-    current = getattr(backend, name, None)
-    if current is None:
-        raise NotImplementedError(f"{type(backend).__name__} has no {name} setting")
-    if current != value:
-        if getattr(backend, "prefetch_stream", None) is not None:
-            raise ValueError(
-                f"the backend's side stream already exists with {name} {current}, "
-                f"the case asks for {value}"
-            )
-        setattr(backend, name, value)
+    backend.set_side_stream_setting(name, value)
 
 
 def _apply_stream_priority(backend, priority: int, case, device: torch.device) -> None:
@@ -721,4 +712,4 @@ def _apply_sm_limit(backend, sm_limit: int, case, device: torch.device) -> None:
     """``sm_limit``: the side stream on a green context of that many SMs (see backends/green.py)."""
     _apply_side_stream_setting(backend, "sm_limit", sm_limit, case, device,
                                "limits the prefetch side stream's SMs",
-                               refusal=getattr(backend, "sm_limit_refusal", ""))
+                               refusal=type(backend).sm_limit_refusal)

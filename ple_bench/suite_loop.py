@@ -74,7 +74,7 @@ def table_in_host_memory(impl: str) -> bool | None:
     from .backends import get_backend
 
     try:
-        return bool(getattr(get_backend(impl), "table_in_host_memory", False))
+        return bool(get_backend(impl).table_in_host_memory)
     except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
         return None
 

@@ -141,7 +141,7 @@ def test_each_etp_rank_looks_up_its_shard(backend, dtype_name, topo, num, paddin
         assert s == ShardSpec.compute(num, padding, etp, topology.coords(rank).etp_rank)
         covered.extend(range(s.vocab_start, s.vocab_end))
         out = poisoned((10, heads, dim), dtype)
-        emb._local_lookup(ids, out=out)
+        emb.local_lookup(ids, out=out)
         assert_bytes_equal(out, masked_lookup(full, ids, s.vocab_start, s.vocab_end),
                            f"rank {rank} shard [{s.vocab_start}, {s.vocab_end})")
         total += bytes_of(out).view(torch.int8)
@@ -149,7 +149,7 @@ def test_each_etp_rank_looks_up_its_shard(backend, dtype_name, topo, num, paddin
         # the same shard filled with synthetic rows (fill_synthetic offsets by vocab_start)
         emb.fill_synthetic(seed=etp)
         syn = poisoned((10, heads, dim), dtype)
-        emb._local_lookup(ids, out=syn)
+        emb.local_lookup(ids, out=syn)
         assert_bytes_equal(syn, masked_lookup(synthetic_full, ids, s.vocab_start, s.vocab_end),
                            f"rank {rank} synthetic shard")
     assert covered == list(range(num)), "the shards must tile the vocabulary once"

@@ -134,7 +134,7 @@ def test_local_lookup_matches_reference(mech, dtype, shard, monkeypatch):
     ids = make_ids(24, s.vocab_start, s.vocab_end, seed=rank + 7)
     out = poisoned((24, HEADS, DIM), b.storage_dtype)
     before = b.host_thread_s
-    assert b._local_lookup(ids, out=out) is out
+    assert b.local_lookup(ids, out=out) is out
     assert_bytes_equal(out, masked_lookup(full, ids, s.vocab_start, s.vocab_end), f"{mech} {dtype} {shard[0]}")
     owned = int(((ids >= s.vocab_start) & (ids < s.vocab_end)).sum())
     assert b.last_copies == owned  # one copy per owned id, none for the others
@@ -197,7 +197,7 @@ def test_all_owned_ids_skip_the_memset_and_chunk_the_batch(monkeypatch):
     zeroed = []
     real_zero = torch.Tensor.zero_
     monkeypatch.setattr(torch.Tensor, "zero_", lambda t: zeroed.append(t.shape) or real_zero(t))
-    b._local_lookup(ids, out=out)
+    b.local_lookup(ids, out=out)
     assert_bytes_equal(out, masked_lookup(full, ids, 0, VOCAB), "chunked batch")
     assert rt.batch_calls == [7, 7, 7, 3] and not zeroed
 
@@ -206,7 +206,7 @@ def test_no_owned_ids_copy_nothing(monkeypatch):
     b, rt = build("memcpy_loop", "fp32", Topology(tp=4, etp=4, dp=1), 0, monkeypatch)
     b.load_full_table(random_table(VOCAB, DIM, b.storage_dtype, seed=1))
     ids = torch.tensor([[300, 999], [500, 256]])  # none in rows 0..255
-    out = b._local_lookup(ids, out=poisoned((2, HEADS, DIM), b.storage_dtype))
+    out = b.local_lookup(ids, out=poisoned((2, HEADS, DIM), b.storage_dtype))
     assert bool((out.view(torch.uint8) == 0).all()) and rt.loop_calls == 0 and b.last_copies == 0
 
 

@@ -20,6 +20,40 @@ scheduler knows them).  A path that reads ids on the host
 as part of its own work (on the side stream when prefetching).  ``dp_token_counts`` is the token count of every DP
 rank (a list of DP ints); it is needed only when ETP spans DP (``ETP / TP > 1``),
 and stands in for vLLM's forward context.
+
+The contract
+------------
+Everything the engine (``executor``, ``step``, ``runner``) reads or calls on a
+backend is declared here, with a default, so a plug-in author knows what to
+implement and a renamed attribute fails loudly instead of silently changing a
+result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
+
+*Capabilities* (class attributes, :data:`CAPABILITIES` gives their types):
+``supports_prefetch``, ``table_in_host_memory``, ``blocks_host``,
+``reads_ids_on_host``, ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+sample of past traffic before it is measured), ``side_stream_settings`` (which
+of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
+``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
+Per instance: :attr:`PLEEmbedding.supports_grid_cap` (the lookup kernel takes a
+grid cap, see :attr:`PLEEmbedding.grid_cap`).
+
+*Settings* (instance attributes with defaults): ``stream_priority``,
+``sm_limit`` (set through :meth:`PLEEmbedding.set_side_stream_setting`),
+``grid_cap`` (most programs the lookup kernel launches; None: no cap) and the
+kernel (:meth:`PLEEmbedding.set_kernel`).
+
+*Operations*: ``lookup``, ``start_prefetch``/``finalize``, ``prepare_prefetch``,
+``dequantize``, ``fill_synthetic``/``load_full_table``, ``set_max_tokens``,
+``close``; the pieces of a lookup that the engine times on their own:
+``slot_size``, ``gather_ids``, ``local_lookup``, ``reduce_rows``; and what a
+path reports about itself: ``stats``/``reset_stats`` (e.g. a ``hit_rate``),
+``host_thread_s``, ``prefetch_buffer``, ``prefetch_stream``,
+``sm_limit_granted``, ``green_via``, ``host_allocation``.
+
+A subclass customises the lookup by overriding the public operations
+(``local_lookup`` above all); the names they had before the contract
+(``_local_lookup``, ``_slot``, ``_gather_ids``, ``_reduce``) are refused with a
+``TypeError`` so an old override cannot be skipped silently.
 """
 
 from __future__ import annotations
@@ -30,14 +64,14 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
 from ..annotate import annotate
 from ..parallel import Groups
 from .formats import StorageFormat, int_view
-from .kernels import get_kernel
+from .kernels import get_kernel, takes_grid_cap
 from .synthetic import fill_synthetic
 
 
@@ -64,6 +98,31 @@ class ShardSpec:
         return ShardSpec(num_embeddings, padded, per_rank, start, end)
 
 
+#: settings of the prefetch side stream a backend may honour (``side_stream_settings``)
+SIDE_STREAM_SETTINGS: tuple[str, ...] = ("stream_priority", "sm_limit")
+
+#: the declared capabilities (class attributes) and their types
+CAPABILITIES: dict[str, type | tuple[type, ...]] = {
+    "name": str,
+    "supports_prefetch": bool,
+    "table_in_host_memory": bool,
+    "blocks_host": bool,
+    "reads_ids_on_host": bool,
+    "warms_cache": bool,
+    "default_kernel": str,
+    "side_stream_settings": frozenset,
+    "sm_limit_refusal": str,
+}
+
+#: the private names the public operations had before the contract declared them
+RENAMED: dict[str, str] = {
+    "_local_lookup": "local_lookup",
+    "_slot": "slot_size",
+    "_gather_ids": "gather_ids",
+    "_reduce": "reduce_rows",
+}
+
+
 def _positive_int(name: str, value: int, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         kind = "a non-negative" if allow_zero else "a positive"
@@ -86,6 +145,24 @@ class PLEEmbedding(ABC):
     blocks_host: ClassVar[bool] = False
     #: the path reads the ids on the host (host gather, copy addresses); others read them on the device
     reads_ids_on_host: ClassVar[bool] = False
+    #: :meth:`warm_cache` fills a cache from a sample of past traffic: the engine calls it
+    #: (with an independent sample of the case's id distribution) before checking and timing
+    warms_cache: ClassVar[bool] = False
+    #: which of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours
+    side_stream_settings: ClassVar[frozenset] = frozenset()
+    #: why this path refuses ``sm_limit`` ("" = it does not refuse it)
+    sm_limit_refusal: ClassVar[str] = ""
+
+    #: settings (per instance; these are the defaults)
+    stream_priority: int = 0  # priority of the prefetch side stream (lower = higher)
+    sm_limit: int = 0  # SMs the prefetch side stream may use (0 = all)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in RENAMED.items():
+            if old in cls.__dict__:
+                raise TypeError(f"{cls.__qualname__} defines {old}, which the backend contract calls "
+                                f"{new} (ple_bench/backends/base.py): rename it")
 
     def __init__(
         self,
@@ -111,8 +188,8 @@ class PLEEmbedding(ABC):
         self.format = StorageFormat.for_dtype(dtype)
         self.storage_dtype = self.format.storage_dtype
         self.device = self._resolve_device(device)
-        self.kernel_name = kernel or self.default_kernel
-        self.kernel = get_kernel(self.kernel_name)
+        self._grid_programs: int | None = None
+        self.set_kernel(kernel or self.default_kernel)
         self.shard = ShardSpec.compute(
             num_embeddings, padding_size, self.topology.etp, self.coords.etp_rank
         )
@@ -139,6 +216,102 @@ class PLEEmbedding(ABC):
                 spent = time.thread_time() - t0
                 with self._host_time_lock:
                     self.host_thread_s += spent
+
+    # ----------------------------------------------------------- settings
+    def set_kernel(self, kernel) -> None:
+        """Look up with ``kernel`` (a registered name or a callable) from now on;
+        the filled table is kept.  A grid cap is dropped if the new kernel takes none."""
+        self.kernel_name = kernel
+        self.kernel = get_kernel(kernel)
+        if not self.supports_grid_cap:
+            self._grid_programs = None
+
+    @property
+    def supports_grid_cap(self) -> bool:
+        """The lookup kernel takes a grid cap (``max_programs``): :attr:`grid_cap` applies."""
+        return takes_grid_cap(self.kernel)
+
+    @property
+    def grid_cap(self) -> int | None:
+        """Most programs the lookup kernel launches (None: no cap; the kernel's own
+        default, see ``fast_kernels.set_max_programs``).  Any cap is correct: each
+        program loops over row blocks; a cap of ``grid_frac x SMs`` keeps the lookup
+        on about that share of the SMs."""
+        return self._grid_programs
+
+    @grid_cap.setter
+    def grid_cap(self, n: int | None) -> None:
+        if n is not None:
+            _positive_int("grid_cap", n)
+            if not self.supports_grid_cap:
+                raise ValueError(f"grid_cap: kernel {self.kernel_name} takes no grid cap "
+                                 "(it launches one program per id)")
+        self._grid_programs = n
+
+    def kernel_options(self) -> dict[str, Any]:
+        """Keyword arguments for the lookup kernel: ``max_programs`` when a grid cap is set."""
+        return {} if self._grid_programs is None else {"max_programs": self._grid_programs}
+
+    def run_kernel(self, table: torch.Tensor, flat_ids: torch.Tensor, out: torch.Tensor,
+                   vocab_start: int, vocab_end: int) -> None:
+        """Call the lookup kernel (the :mod:`.kernels` contract) with this backend's settings."""
+        self.kernel(table, flat_ids, out, vocab_start, vocab_end, **self.kernel_options())
+
+    def set_side_stream_setting(self, name: str, value: int) -> None:
+        """Set a prefetch side-stream setting (one of ``side_stream_settings``) before
+        the side stream exists.  ``NotImplementedError`` when this backend has no such
+        setting; ``ValueError`` when its side stream already exists with another value."""
+        if name not in SIDE_STREAM_SETTINGS or name not in type(self).side_stream_settings:
+            raise NotImplementedError(f"{type(self).__name__} has no {name} setting")
+        current = getattr(self, name)
+        if current == value:
+            return
+        if self.prefetch_stream is not None:
+            raise ValueError(
+                f"the backend's side stream already exists with {name} {current}, "
+                f"the case asks for {value}"
+            )
+        setattr(self, name, value)
+
+    @property
+    def prefetch_stream(self) -> torch.cuda.Stream | None:
+        """The prefetch side stream, once made (None: none, or not yet)."""
+        return None
+
+    @property
+    def prefetch_buffer(self) -> torch.Tensor | None:
+        """The persistent buffer the prefetch writes into (None: none, or not yet).
+        The engine poisons it before its correctness check of a repeated lookup."""
+        return None
+
+    @property
+    def sm_limit_granted(self) -> int | None:
+        """SMs the driver gave the side stream's green context (None: no limit or not known)."""
+        return None
+
+    @property
+    def green_via(self) -> str | None:
+        """How the side stream's green context was made (None: without one)."""
+        return None
+
+    def prepare_prefetch(self) -> Any:
+        """Allocate what a prefetch needs (buffers, side stream) now, eagerly: the
+        engine calls it before a CUDA-graph capture, where allocation is refused.
+        Nothing to do by default."""
+        return None
+
+    def warm_cache(self, ids_sample: torch.Tensor | None = None) -> Any:
+        """Fill a cache from ``ids_sample`` (global ids of past traffic); called
+        by the engine when ``warms_cache`` is declared.  Nothing to do by default."""
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """What the path counts about itself since :meth:`reset_stats` (e.g. ``hit_rate``,
+        recorded as ``cache_hit_rate``); {} by default."""
+        return {}
+
+    def reset_stats(self) -> None:
+        """Zero the counters behind :meth:`stats`."""
 
     # ----------------------------------------------------------- storage
     def _resolve_device(self, device: torch.device | str | None) -> torch.device:
@@ -228,8 +401,9 @@ class PLEEmbedding(ABC):
         if ids.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"ids must be int64 or int32, got {ids.dtype}")
 
-    def _slot(self, local_tokens: int, dp_token_counts: Sequence[int] | None) -> int:
-        """Slot size of this rank's ETP group (its largest local token count)."""
+    def slot_size(self, local_tokens: int, dp_token_counts: Sequence[int] | None) -> int:
+        """Slot size of this rank's ETP group (its largest local token count): the
+        rows each DP rank contributes to the DP id gather.  ``ValueError`` on bad counts."""
         topo = self.topology
         if topo.replicas == 1:
             return local_tokens
@@ -249,7 +423,9 @@ class PLEEmbedding(ABC):
         group = topo.group_dp_ranks(self.coords.etp_group_index)
         return max(counts[d] for d in group)
 
-    def _gather_ids(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
+    def gather_ids(self, ids: torch.Tensor, slot: int) -> torch.Tensor:
+        """The DP id gather: this rank's ids padded to ``slot`` rows, all-gathered over
+        the DP ranks of its ETP group (``ids`` as they are when ETP does not span DP)."""
         if self.topology.replicas == 1:
             return ids
         import torch.distributed as dist
@@ -284,14 +460,15 @@ class PLEEmbedding(ABC):
             return ids
         return ids.to(self.device, non_blocking=ids.is_pinned())
 
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows this rank owns for ``ids`` ([n, heads] -> [n, heads, dim]); zeros elsewhere."""
+    def local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows this rank owns for ``ids`` ([n, heads] -> [n, heads, dim], into ``out``
+        when given); zeros elsewhere.  No DP gather, no ETP reduce."""
         out = self._lookup_output(ids, out)
         flat = self.device_ids(ids).reshape(-1)
         if flat.dtype != torch.int64:
             flat = flat.long()
         with annotate("lookup", color="green"):
-            self.kernel(
+            self.run_kernel(
                 int_view(self.table_for_kernel()),
                 flat,
                 int_view(out).view(-1, self.embedding_dim),
@@ -300,8 +477,9 @@ class PLEEmbedding(ABC):
             )
         return out
 
-    def _reduce(self, rows: torch.Tensor) -> torch.Tensor:
-        """Sum over the ETP group as raw integers: byte-exact (one owner per row)."""
+    def reduce_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Sum ``rows`` over the ETP group in place as raw integers: byte-exact (one
+        owner per row); ``rows`` as they are without an ETP group."""
         if self.groups.etp_group is None:
             return rows
         import torch.distributed as dist
@@ -316,11 +494,11 @@ class PLEEmbedding(ABC):
         """Synchronous lookup: gather, look up, reduce, select -> ``[tokens, heads*dim]``."""
         self._check_ids(ids)
         local = ids.shape[0]
-        slot = self._slot(local, dp_token_counts)
+        slot = self.slot_size(local, dp_token_counts)
         if self.topology.replicas > 1:
             ids = self.device_ids(ids)  # the DP gather (NCCL) needs device tensors
-        rows = self._local_lookup(self._gather_ids(ids, slot))
-        rows = self._select(self._reduce(rows), slot, local)
+        rows = self.local_lookup(self.gather_ids(ids, slot))
+        rows = self._select(self.reduce_rows(rows), slot, local)
         return rows.reshape(local, self.num_heads * self.embedding_dim)
 
     # ----------------------------------------------------------- prefetch
@@ -330,7 +508,7 @@ class PLEEmbedding(ABC):
         """Start the lookup of ``ids``.  Resident tables do nothing here: the
         lookup happens in :meth:`finalize`."""
         self._check_ids(ids)
-        self._slot(ids.shape[0], dp_token_counts)  # refuse bad counts here, not at finalize
+        self.slot_size(ids.shape[0], dp_token_counts)  # refuse bad counts here, not at finalize
         self._pending = (ids, dp_token_counts)
 
     def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -185,7 +185,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             return super().lookup(ids, dp_token_counts)
         self._check_ids(ids)
         if dp_token_counts is not None:
-            self._slot(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
+            self.slot_size(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
         out = torch.empty(ids.shape[0], self.num_heads * self.embedding_dim, dtype=self.storage_dtype,
                           device=self.device)
         with annotate("lookup", color="green"):
@@ -198,7 +198,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             return super().start_prefetch(ids, dp_token_counts)
         self._check_ids(ids)
         if dp_token_counts is not None:
-            self._slot(ids.shape[0], dp_token_counts)
+            self.slot_size(ids.shape[0], dp_token_counts)
         if ids.shape[0] > self.prefetch_rows:
             raise ValueError(f"pinned PLE prefetch buffer holds {self.prefetch_rows} rows, "
                              f"but the batch needs {ids.shape[0]}")
@@ -320,6 +320,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
 
     supports_prefetch = True
     default_kernel = "triton_tuned"
+    warms_cache = True
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, cache_rows: int = 0,
                  **kwargs) -> None:
@@ -392,7 +393,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
         self.refresh_cache()
 
     # ----------------------------------------------------------- lookup
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         from .fast_kernels import triton_tuned_lookup, tuned_lookup
 
         out = self._lookup_output(ids, out)
@@ -405,7 +406,7 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
             cached = self._cached_ids
             if cached.numel() == 0:
                 hit = torch.zeros_like(owned)
-                self.kernel(table, flat, dest, start, end)
+                self.run_kernel(table, flat, dest, start, end)
             else:
                 local = flat - start
                 pos = torch.searchsorted(cached, local).clamp_(max=cached.numel() - 1)
@@ -413,10 +414,11 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
                 slots = torch.where(hit, pos, torch.full_like(pos, -1))
                 cache = int_view(self._cache)
                 if self.kernel is triton_tuned_lookup:
-                    tuned_lookup(table, flat, dest, start, end, cache=cache, slots=slots)
+                    tuned_lookup(table, flat, dest, start, end, cache=cache, slots=slots,
+                                 max_programs=self.grid_cap)
                 else:
                     misses = torch.where(hit, torch.full_like(flat, -1), flat)
-                    self.kernel(table, misses, dest, start, end)
+                    self.run_kernel(table, misses, dest, start, end)
                     hot = cache.index_select(0, slots.clamp(min=0))
                     dest.copy_(torch.where(hit.unsqueeze(1), hot, dest))
             self._last_hits = hit.sum()

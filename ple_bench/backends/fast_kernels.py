@@ -10,7 +10,9 @@ table and output, zero rows for ids outside ``[vocab_start, vocab_end)``):
   integer word that divides the row (int64 where it can: 128-bit vector loads),
   a grid-stride loop over row blocks, and a tiny tuner over
   ``(rows per program, num_warps, programs per SM)`` cached per table / row
-  width / id-count bucket.  See :func:`set_max_programs` for the overlap knob.
+  width / id-count bucket.  Grid-capped (``max_programs=``): a backend's
+  ``grid_cap`` setting caps it per instance (the engine's ``grid_frac`` axis);
+  :func:`set_max_programs` sets a process-wide default for calls without one.
 * ``dedup:<inner>`` -- look up each distinct id once with ``<inner>`` and scatter
   the rows back; sync-free (no ``torch.unique``), so it works on the prefetch
   side stream and under CUDA-graph capture.  ``dedup_triton`` =
@@ -36,7 +38,9 @@ from .kernels import (
     LookupKernel,
     _KERNELS,
     get_kernel,
+    grid_capped,
     register_kernel,
+    takes_grid_cap,
     torch_masked_lookup,
 )
 
@@ -386,6 +390,7 @@ def _tune(key: tuple, words: int, launch: Callable[[TunedConfig], None]) -> Tune
 
 
 @register_kernel("triton_tuned")
+@grid_capped
 def triton_tuned_lookup(table, flat_ids, out, vocab_start, vocab_end, *, max_programs=None):
     """Several rows per program, widest-word loads, tuned launch shape."""
     tuned_lookup(table, flat_ids, out, vocab_start, vocab_end, max_programs=max_programs)
@@ -428,17 +433,18 @@ def make_dedup_kernel(inner: str | LookupKernel) -> LookupKernel:
     """Wrap ``inner``: each distinct id is looked up once, rows scattered back."""
     inner_fn = get_kernel(inner)
 
-    def dedup_lookup(table, flat_ids, out, vocab_start, vocab_end):
+    def dedup_lookup(table, flat_ids, out, vocab_start, vocab_end, **options):
+        # options: the inner kernel's (max_programs when it is grid-capped)
         n = flat_ids.numel()
         if n == 0:
             return
         unique, inverse = dedup_plan(flat_ids)
         rows = torch.empty_like(out)
-        inner_fn(table, unique, rows, vocab_start, vocab_end)
+        inner_fn(table, unique, rows, vocab_start, vocab_end, **options)
         torch.index_select(rows, 0, inverse, out=out)
 
     dedup_lookup.__name__ = f"dedup_{getattr(inner_fn, '__name__', 'kernel')}"
-    return dedup_lookup
+    return grid_capped(dedup_lookup) if takes_grid_cap(inner_fn) else dedup_lookup
 
 
 def _register_dedup_variants() -> None:

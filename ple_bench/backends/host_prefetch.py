@@ -108,7 +108,7 @@ class HostPathEmbedding(PinnedUVAEmbedding):
         return self._host_pool
 
     # ----------------------------------------------------------- lookup
-    def _local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         out = self._lookup_output(ids, out)
         flat = ids.reshape(-1)
         dest = int_view(out).view(-1, self.embedding_dim)

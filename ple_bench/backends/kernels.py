@@ -9,6 +9,11 @@ bytes and FP8 needs no float8 support from the kernel.
 Signature::
 
     kernel(table[rows, dim], flat_ids[n] int64, out[n, dim], vocab_start, vocab_end) -> None
+
+A kernel that can cap its grid also takes ``max_programs=`` (an int: the most
+programs it launches) and says so with :func:`grid_capped` (the backend's
+``grid_cap`` setting is then passed to it on every call, see
+:meth:`PLEEmbedding.run_kernel`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,17 @@ class LookupKernel(Protocol):
 
 
 _KERNELS: dict[str, LookupKernel] = {}
+
+
+def grid_capped(fn: LookupKernel) -> LookupKernel:
+    """Declare that ``fn`` takes ``max_programs=`` (a cap on its grid)."""
+    fn.takes_max_programs = True  # type: ignore[attr-defined]
+    return fn
+
+
+def takes_grid_cap(kernel: LookupKernel) -> bool:
+    """Whether ``kernel`` was declared :func:`grid_capped`."""
+    return bool(getattr(kernel, "takes_max_programs", False))
 
 
 def register_kernel(name: str) -> Callable[[LookupKernel], LookupKernel]:

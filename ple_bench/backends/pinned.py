@@ -37,6 +37,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
     supports_prefetch = True
     table_in_host_memory = True
     default_kernel = "triton_reference"
+    side_stream_settings = frozenset({"stream_priority", "sm_limit"})
     #: why this path refuses ``sm_limit`` ("" = it accepts it): set by subclasses whose
     #: side-stream work is not done by SMs
     sm_limit_refusal: str = ""
@@ -85,6 +86,10 @@ class PinnedUVAEmbedding(PLEEmbedding):
     @property
     def prefetch_stream(self) -> torch.cuda.Stream | None:
         return self._stream
+
+    @property
+    def prefetch_buffer(self) -> torch.Tensor | None:
+        return self._buffer
 
     @property
     def sm_limit_granted(self) -> int | None:
@@ -166,10 +171,10 @@ class PinnedUVAEmbedding(PLEEmbedding):
         host here when no DP gather is needed (the caller decides where they go)."""
         buffer = self.prepare_prefetch()
         local = ids.shape[0]
-        slot = self._slot(local, dp_token_counts)
+        slot = self.slot_size(local, dp_token_counts)
         if self.topology.replicas > 1:
             ids = self.device_ids(ids)  # the DP gather (NCCL) needs device tensors
-        gathered = self._gather_ids(ids, slot)
+        gathered = self.gather_ids(ids, slot)
         if gathered.shape[0] > buffer.shape[0]:
             raise ValueError(
                 f"pinned PLE prefetch buffer holds {buffer.shape[0]} rows, "
@@ -204,9 +209,9 @@ class PinnedUVAEmbedding(PLEEmbedding):
                     if not from_host:
                         dev_ids.record_stream(self._stream)
                     self._inflight_ids = dev_ids  # alive until finalize joins the stream
-                    self._local_lookup(dev_ids, out=active)
+                    self.local_lookup(dev_ids, out=active)
             else:
-                self._local_lookup(gathered, out=active)
+                self.local_lookup(gathered, out=active)
             self._pending = (gathered.shape[0], slot, local)
 
     def finalize(self, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -220,7 +225,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
             if main is not None:
                 main.wait_stream(self._stream)
             self._inflight_ids = None
-            rows = self._select(self._reduce(self._buffer[:n]), slot, local)
+            rows = self._select(self.reduce_rows(self._buffer[:n]), slot, local)
             rows = rows.reshape(local, self.num_heads * self.embedding_dim)
             if out is None:
                 rows = rows.clone()

@@ -11,7 +11,7 @@ layer that costs the difference shows:
   hand_event       hand + an event recorded and waited for before the next gather
   host_gather      the path's host_gather (its views, thread-count context, host-time count)
   host_rows        the path's staging + gather + copy
-  local_lookup     the path's _local_lookup (output allocation, id handling)
+  local_lookup     the path's local_lookup (output allocation, id handling)
   lookup           the path's lookup (the public call)
   pool_hand_T      hand, handed to a 1-thread pool whose thread runs T torch threads
   prefetch         start_prefetch + finalize (host_prefetch="thread": a host thread gathers)
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         variants = [("gather_only", gather_only), ("hand", hand), ("hand_event", hand_event),
                     ("host_gather", lambda: b.host_gather(flats[nxt()], stage_int)),
                     ("host_rows", lambda: b.host_rows(flats[nxt()], dest_int, stream)),
-                    ("local_lookup", lambda: b._local_lookup(sets[nxt()])),
+                    ("local_lookup", lambda: b.local_lookup(sets[nxt()])),
                     ("lookup", lambda: b.lookup(sets[nxt()]))]
         for threads in (16, 8, 4):
             pool = ThreadPoolExecutor(1, initializer=lambda t=threads: torch.set_num_threads(t))

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         setattr(obj, name, inner)
 
     for name in ("start_prefetch", "finalize", "_prefetch_target", "_side_stream_start", "_join",
-                 "_prefetch_work", "host_rows", "host_gather", "_select", "_reduce"):
+                 "_prefetch_work", "host_rows", "host_gather", "_select", "reduce_rows"):
         wrap(b, name)
     wrap(b._staging, "take", "staging.take")
     wrap(b._staging, "copied_on", "staging.copied_on")

@@ -100,7 +100,7 @@ def test_every_etp_rank_looks_up_its_shard(backend, dtype_name):
             emb.load_full_table(full)
             s = emb.shard
             out = poisoned((ids.shape[0], heads, dim), dtype, DEV)
-            emb._local_lookup(ids, out=out)
+            emb.local_lookup(ids, out=out)
             assert_bytes_equal(out, masked_lookup(full_dev, ids, s.vocab_start, s.vocab_end),
                                f"{topo.as_dict()} rank {rank}")
             total += bytes_of(out).view(torch.int8)
@@ -218,7 +218,7 @@ def test_prefetch_buffer_allocation_refused_during_graph_capture():
                 call()
             errors.append(str(info.value))
     assert all("before cudagraph capture" in msg for msg in errors), errors
-    assert emb._buffer is None, "a buffer was allocated during capture"
+    assert emb.prefetch_buffer is None, "a buffer was allocated during capture"
     emb.prepare_prefetch()  # eagerly it works, and the lookup is right
     emb.start_prefetch(ids)
     assert_bytes_equal(emb.finalize(), synthetic_expected(ids, 16, 1, torch.bfloat16), "after capture")

@@ -58,8 +58,8 @@ def test_breakable_replay_with_fresh_ids_equals_eager_and_the_reference(impl, pr
         eager_out = step.run("eager").clone()
         step.rows.view(torch.uint8).fill_(0x7F)
         step.out.fill_(float("nan"))
-        if isinstance(getattr(backend, "_buffer", None), torch.Tensor):
-            backend._buffer.view(torch.uint8).fill_(0x7F)
+        if backend.prefetch_buffer is not None:
+            backend.prefetch_buffer.view(torch.uint8).fill_(0x7F)
         step.set_inputs(ids)  # fresh ids into the static input, then replay
         out = step.run("breakable")
         torch.cuda.synchronize(DEV)
@@ -125,7 +125,7 @@ def test_prefetch_allocation_in_a_capture_is_refused_and_leaves_no_capture_open(
     assert "eagerly" in str(info.value) and "capture" in str(info.value)
     assert not torch.cuda.is_current_stream_capturing()
     assert float(torch.ones(4, device=DEV).sum().item()) == 4.0  # the stream is usable
-    assert getattr(backend, "_buffer", None) is None and not g.captured
+    assert backend.prefetch_buffer is None and not g.captured
     backend.close()
 
 

@@ -101,7 +101,7 @@ def test_lookups_on_a_16_sm_green_stream_bit_exact(kernel):
             ids = torch.randint(0, b.num_embeddings, (512, 16), device=DEV, generator=gen)
             want = synthetic_rows(ids.reshape(-1), 160, SEED, b.storage_dtype).reshape(512, -1).to(DEV)
             out.view(torch.uint8).fill_(0xFF)  # fp8 NaN
-            b._buffer.view(torch.uint8).fill_(0xFF)
+            b.prefetch_buffer.view(torch.uint8).fill_(0xFF)
             b.start_prefetch(ids)
             b.finalize(out=out)
             torch.cuda.synchronize(DEV)
