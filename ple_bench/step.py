@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -47,6 +46,7 @@ import torch
 from .annotate import annotate
 from .backends.synthetic import synthetic_rows
 from .graphs import MODES, BreakableGraph, eager_break
+from .measure.repeat import Stopwatch, repeat_timed
 
 #: the weights of the compute ring together exceed this (several times the L2)
 RING_BYTES = 256 << 20
@@ -63,40 +63,6 @@ class StepMismatch(RuntimeError):
 
 def default_act_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-class _RegionProbe:
-    """Times one region per step: CUDA events on the current stream, or the host
-    clock in functional mode (where everything is synchronous)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self._pairs: list = []
-        self._host: list[float] = []
-        self._t0 = 0
-
-    def start(self) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(self.device))
-            self._pairs.append([ev, None])
-        else:
-            self._t0 = time.perf_counter_ns()
-
-    def end(self) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record(torch.cuda.current_stream(self.device))
-            self._pairs[-1][1] = ev
-        else:
-            self._host.append((time.perf_counter_ns() - self._t0) / 1e6)
-
-    def samples_ms(self) -> list[float]:
-        if not self.cuda:
-            return list(self._host)
-        torch.cuda.synchronize(self.device)
-        return [a.elapsed_time(b) for a, b in self._pairs]
 
 
 class DecodeStep:
@@ -180,7 +146,7 @@ class DecodeStep:
         self._finalize = eager_break(backend.finalize)
         self._lookup = eager_break(self._lookup_into)
 
-        self._probe: _RegionProbe | None = None
+        self._probe: Stopwatch | None = None
         self._runners: dict[tuple[str, str], Callable[[], Any]] = {}
         self.graphs: dict[tuple[str, str], BreakableGraph] = {}  # (body, mode) -> captured graph
         self.compute_target_us = compute_us
@@ -264,7 +230,7 @@ class DecodeStep:
             with annotate("compute", color="cyan"):
                 x = self.compute()
             if self._probe is not None:
-                self._probe.end()
+                self._probe.stop()
             if self.prefetch:
                 self._finalize(out=self.rows)
             else:
@@ -287,7 +253,7 @@ class DecodeStep:
                 self._probe.start()
             x = self.compute()
             if self._probe is not None:
-                self._probe.end()
+                self._probe.stop()
             return self.consume(x, self.rows)
 
     def runner(self, kind: str = "step", mode: str | None = None) -> Callable[[], Any]:
@@ -343,23 +309,9 @@ class DecodeStep:
             torch.cuda.synchronize(self.device)
 
     def _time_compute_ms(self, n: int, repeats: int = 5) -> float:
-        """Median time of ``compute(n)`` (eager) in ms."""
-        self.compute(n)
-        self._sync()
-        times = []
-        for _ in range(repeats):
-            if self.device.type == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                self.compute(n)
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            else:
-                t0 = time.perf_counter_ns()
-                self.compute(n)
-                times.append((time.perf_counter_ns() - t0) / 1e6)
-        return statistics.median(times)
+        """Median time of ``compute(n)`` (eager) in ms: one warm-up call, then ``repeats``
+        calls, CUDA events on a GPU, the host clock in functional mode."""
+        return repeat_timed(lambda: self.compute(n), device=self.device, warmup=1, min_repeats=repeats).median_ms
 
     def calibrate_compute(self, target_us: float) -> int:
         """Measure the matmuls of the ring and pick how many take ~``target_us``
@@ -388,16 +340,13 @@ class DecodeStep:
         (events on the main stream): the compute while the lookup runs beside it,
         or alone."""
         fn = {"step": self.body_step, "compute": self.body_compute}[body]
-        probe = _RegionProbe(self.device)
+        probe = Stopwatch(self.device)  # events on the main stream (host clock in functional mode)
         self._probe = probe
         try:
-            for _ in range(warmup + n):
-                if feed is not None:
-                    feed()
-                fn()
+            return repeat_timed(fn, device=self.device, warmup=warmup, min_repeats=n, before=feed,
+                                region=probe).samples_ms
         finally:
             self._probe = None
-        return probe.samples_ms()[warmup:]
 
 
 def _agree_max(value: int, device: torch.device) -> int:

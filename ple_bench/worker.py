@@ -104,26 +104,20 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
 
 
 def _allreduce_busbw(device, world: int) -> dict[str, float]:
-    """All-reduce bus bandwidth over the whole world, measured now (nccl-tests' convention)."""
+    """All-reduce bus bandwidth over the whole world, measured now (nccl-tests' convention):
+    3 untimed all-reduces, then the median of 10, each after a barrier, on the host clock
+    around the synchronized call (:func:`ple_bench.measure.repeat.repeat_timed`: every rank
+    runs the same fixed count)."""
     import torch
     import torch.distributed as dist
 
+    from .measure.repeat import repeat_timed
+
     nbytes = (256 << 20) if device.type == "cuda" else (8 << 20)
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    for _ in range(3):
-        dist.all_reduce(x)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    t = sorted(times)[len(times) // 2]
-    busbw = 2 * (world - 1) / world * nbytes / t / 1e9
+    timed = repeat_timed(lambda: dist.all_reduce(x), device=device, warmup=3, min_repeats=10, host=True,
+                         before=dist.barrier)
+    busbw = 2 * (world - 1) / world * nbytes / timed.median_s / 1e9
     return {f"allreduce_busbw_gbps_w{world}": busbw}
 
 
