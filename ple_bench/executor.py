@@ -25,6 +25,7 @@ from .parallel import Groups, Topology
 
 FP8_SCALE = 0.5
 TABLE_SEED_BASE = 1234
+RANDOM_ROW_SEED = 271_828  # the id sets of random-row ceilings (independent of every case's)
 _DP_SEED_STRIDE = 1_000_003
 
 
@@ -94,6 +95,7 @@ class CaseExecutor:
     table: _Table | None = None
     resident_step_ms: dict = field(default_factory=dict)
     host_gather_ceilings: dict = field(default_factory=dict)  # (table bytes, rows, row bytes) -> fields
+    random_row_ceilings: dict = field(default_factory=dict)  # ceilings.random_row_key -> fields
 
     # ------------------------------------------------------------ helpers
     def groups_for(self, topo: Topology) -> Groups:
@@ -382,12 +384,62 @@ class CaseExecutor:
                    graph_cold_l2=graph_meas.cold_l2 if graph_meas is not None else None)
         rec.update(self._path_stats(backend, fn, len(id_sets)))
         rec.update(sm_limit_fields(case, backend))
-        rec.update(self._host_gather_share(case, backend, rows, rec.get("median_ms"), "pct_of_host_gather_ceiling"))
+        rec.update(self._host_gather_share(case, backend, rows, rec.get("median_ms"), "pct_of_host_gather_ceiling",
+                                           policy))
+        if not multi:
+            rec.update(self._random_row_share(case, backend, rows, policy))
         return rec
 
-    def _host_gather_share(self, case: Case, backend, rows: int, ms: float | None, key: str) -> dict[str, Any]:
+    def _random_row_share(self, case: Case, backend, rows: int, policy) -> dict[str, Any]:
+        """For a lookup whose kernel reads the table itself (every path but the host
+        paths): the random-row ceiling of this case's table, row size and id
+        distribution (:func:`ple_bench.measure.ceilings.random_row_ceiling`), measured
+        the first time a case needs it and cached per worker: on the tensor the kernel
+        reads (device table or the pinned table's UVA view), with ids of the case's
+        distribution over the shard's rows (``workload.make_ids``), timed as the case is."""
+        if type(backend).reads_ids_on_host or backend.weight is None:
+            return {}
+        from .measure import ceilings as ceil
+        from .workload import make_ids, parse_ids_spec
+
+        cpu = self.device.type != "cuda"
+        memory = "host" if cpu else "pinned" if getattr(type(backend), "table_in_host_memory", False) else "device"
+        ids = parse_ids_spec(case.ids).canonical
+        valid = getattr(getattr(backend, "shard", None), "num_valid", None) or backend.weight.shape[0]
+        wanted = ceil.random_row_rows(rows, backend.row_bytes, case.num_heads, cpu=cpu)
+        c = None
+        # the case's own row count last: the case ran with it, so its buffers fit
+        own = -(-max(rows, 1) // case.num_heads) * case.num_heads
+        for n in dict.fromkeys((wanted, own)):
+            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n)
+            if key in self.random_row_ceilings:
+                c = self.random_row_ceilings[key]
+                break
+            try:
+                sets = [make_ids(ids, n // case.num_heads, case.num_heads, valid,
+                                 seed=RANDOM_ROW_SEED + 7919 * k, device=self.device)
+                        for k in range(max(1, getattr(policy, "id_sets", 1)))]
+                c = ceil.random_row_ceiling(
+                    backend.table_for_kernel(), sets, self.device, memory=memory, policy=policy,
+                    cold_l2=getattr(policy, "cold_l2", None), ids=ids, num_heads=case.num_heads,
+                    table_bytes=backend.table_bytes)
+            except torch.OutOfMemoryError:
+                sets = None
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            self.random_row_ceilings[key] = c
+            break
+        if c is None:
+            return {}
+        return {"random_row_ceiling_entry": dict(c), "random_row_ceiling": c["key"],
+                "random_row_ceiling_gbps": c["gbps"]}
+
+    def _host_gather_share(self, case: Case, backend, rows: int, ms: float | None, key: str,
+                           policy=None) -> dict[str, Any]:
         """For a path that gathers on the host: the host-gather ceiling of this
-        table and row count (measured once per run and worker, see
+        table and row count (measured once per run and worker, timed as host-path
+        lookups are: ``host_sync``, the case policy's L2 setting, see
         :func:`ple_bench.measure.host_gather_ceiling`) and ``ms``'s share of it."""
         if not type(backend).reads_ids_on_host or backend.weight is None:
             return {}
@@ -395,11 +447,14 @@ class CaseExecutor:
 
         ident = (backend.table_bytes, rows, backend.row_bytes)
         if ident not in self.host_gather_ceilings:
-            self.host_gather_ceilings[ident] = host_gather_ceiling(backend.weight, rows, self.device)
+            self.host_gather_ceilings[ident] = host_gather_ceiling(
+                backend.weight, rows, self.device, policy=policy,
+                cold_l2=getattr(policy, "cold_l2", None) if policy is not None else None)
         ceiling = self.host_gather_ceilings[ident]
         out: dict[str, Any] = {"host_gather_ceiling": dict(ceiling),
                                "host_gather_ceiling_ms": ceiling["ms"],
-                               "host_gather_ceiling_rows_per_s": ceiling["rows_per_s"]}
+                               "host_gather_ceiling_rows_per_s": ceiling["rows_per_s"],
+                               "host_gather_ceiling_warm_ms": ceiling.get("warm_ms")}
         if ms:
             out[key] = 100.0 * ceiling["ms"] / ms
         return out
@@ -490,7 +545,7 @@ class CaseExecutor:
         rec.setdefault("bytes_moved", rows * case.row_bytes)
         rec.update(row_bytes=case.row_bytes, table_bytes=case.table_bytes)
         rec.update(self._host_gather_share(case, backend, rows, rec.get("lookup_ms"),
-                                           "lookup_pct_of_host_gather_ceiling"))
+                                           "lookup_pct_of_host_gather_ceiling", policy))
         return rec
 
 

@@ -5,8 +5,9 @@ host, GPUs, how the ranks were launched, the timing policy, the command line), :
 reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  While the run goes on,
 facts measured on the ranks are added to the same file as they become known, through
 ``RunWriter.update_meta``: the physical ceilings and the device (``dispatch`` for ple_bench's own
-workers, ``torchrun_protocol`` under torchrun, which also adds every rank), and the host-gather
-ceilings of host-path records (:func:`_keep_host_gather_ceiling`, called by the suite loop)."""
+workers, ``torchrun_protocol`` under torchrun, which also adds every rank), and the per-case
+ceilings of the records -- host-gather, random-row (:func:`_keep_host_gather_ceiling`, called by the
+suite loop)."""
 
 from __future__ import annotations
 
@@ -106,15 +107,26 @@ def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reas
 
 
 def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
-    """A host-path record's host-gather ceiling goes into ``meta.json``, once per
-    (table bytes, rows, row bytes): ``ceilings["host_gather"]["<table>:<rows>:<row>"]``."""
+    """A record's per-case ceilings go into ``meta.json``, once per key: a host path's
+    host-gather ceiling per (table bytes, rows, row bytes),
+    ``ceilings["host_gather"]["<table>:<rows>:<row>"]``, and a lookup's random-row
+    ceiling, ``ceilings["random_row"][<its key>]`` (:func:`ple_bench.measure.ceilings.random_row_key`)."""
+    found = []
     ceiling = rec.pop("host_gather_ceiling", None)
-    if not isinstance(ceiling, dict):
+    if isinstance(ceiling, dict):
+        found.append(("host_gather", f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}", ceiling))
+    ceiling = rec.pop("random_row_ceiling_entry", None)
+    if isinstance(ceiling, dict):
+        found.append(("random_row", str(ceiling["key"]), ceiling))
+    if not found:
         return
     ceilings = meta.setdefault("ceilings", {}) or {}
     meta["ceilings"] = ceilings
-    table = ceilings.setdefault("host_gather", {})
-    key = f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}"
-    if key not in table:
-        table[key] = ceiling
+    changed = False
+    for name, key, value in found:
+        table = ceilings.setdefault(name, {})
+        if key not in table:
+            table[key] = value
+            changed = True
+    if changed:
         writer.update_meta(ceilings=ceilings)

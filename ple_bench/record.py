@@ -16,10 +16,18 @@ Schema versions:
   record carried GB/s and a % of an H2D / D2D copy ceiling, ``overlap_efficiency``
   was ``clamp(1 - exposed / lookup, 0, 1)`` on every step, lookups were held against
   the H2D (host tables) or D2D (device tables) copy ceiling.
-* 2 -- this module: lookups held against the random-row gather ceiling of their
-  memory at their row size (or the host-gather ceiling of host paths); steps carry
-  no GB/s; ``overlap_efficiency`` only for prefetch steps, against the prefetch-off
-  twin, not clamped.
+* 2 -- lookups held against the random-row gather ceiling of their memory at
+  their row size (or the host-gather ceiling of host paths); steps carry no GB/s;
+  ``overlap_efficiency`` only for prefetch steps, against the prefetch-off twin,
+  not clamped.
+* 3 -- this module: single-rank lookups held against the random-row ceiling of
+  their own table, row size and id distribution, timed as they are
+  (``random_row_ceiling``, ``random_row_ceiling_gbps``; meta.json
+  ``ceilings.random_row``); the host-gather ceiling timed as host paths are
+  (``host_sync``), its back-to-back figure beside it (``host_gather_ceiling_warm_ms``);
+  ``ceiling_exceeded`` flags a lookup above :data:`CEILING_SLACK_PCT` of its ceiling.
+  Version-2 records are upgraded by deriving the new flag (their ceilings stay
+  the run-wide ones they were held against).
 """
 
 from __future__ import annotations
@@ -29,7 +37,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+#: a lookup above this share of its ceiling says the ceiling is wrong for it (it does not
+#: bound what the lookup does), not that the lookup is fast
+CEILING_SLACK_PCT = 105.0
 
 KINDS = ("all", "lookup", "step")
 
@@ -99,25 +111,41 @@ FIELDS: tuple[Field, ...] = (
        derived=True),
     _f("rows_per_s", "rows/s", "lookup", "rows / median_ms; None on steps", derived=True),
     _f("ceiling", "", "lookup",
-       "the ceiling the lookup is held against: device-resident tables device_random_row_gbps_<N>B, "
-       "pinned kernel paths pinned_random_row_gbps_<N>B (N: the row size, else the nearest measured), "
-       "host paths host_gather, functional mode host_memcpy_gbps; None on steps", derived=True),
+       "the ceiling the lookup is held against: its own random-row ceiling where measured "
+       "(<memory>_random_row, memory device | pinned | host; the entry is random_row_ceiling), else for "
+       "records without one device-resident tables device_random_row_gbps_<N>B, pinned kernel paths "
+       "pinned_random_row_gbps_<N>B (N: the row size, else the nearest measured), functional mode "
+       "host_memcpy_gbps; host paths host_gather; None on steps", derived=True),
     _f("ceiling_gbps", "GB/s", "lookup",
-       "that ceiling in GB/s (host_gather: bytes_moved / host_gather_ceiling_ms)", derived=True),
+       "that ceiling in GB/s, bytes counted as the lookup's: rows x row_bytes (random_row: "
+       "random_row_ceiling_gbps; host_gather: bytes_moved / host_gather_ceiling_ms)", derived=True),
     _f("ceiling_row_bytes", "B", "lookup",
-       "the row size the random-row ceiling was measured at (differs from row_bytes when not measured there)",
+       "the row size the ceiling was measured at (differs from row_bytes when not measured there)",
        derived=True),
     _f("pct_of_ceiling", "%", "lookup",
        "100 x gbps / ceiling_gbps (host_gather: = pct_of_host_gather_ceiling); above 105 the ceiling is wrong "
        "for that case", derived=True),
+    _f("ceiling_exceeded", "bool", "lookup",
+       "pct_of_ceiling > 105: the ceiling does not bind this lookup (the ceiling is wrong for it, the lookup "
+       "is not faster than the hardware); None without a share", derived=True),
+    _f("random_row_ceiling", "", "lookup",
+       "single-rank lookups of kernel paths: the key of this case's random-row ceiling in meta.json "
+       "ceilings.random_row (<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>): torch.index_select "
+       "of rows of the case's id distribution from the tensor its kernel reads, timed as the case (same "
+       "timer, L2 flushing, rotating id sets)"),
+    _f("random_row_ceiling_gbps", "GB/s", "lookup", "that ceiling: its rows x row bytes / its median time"),
     _f("table_in_host_memory", "", "all",
        "the backend declares its table in host memory (capability table_in_host_memory); None: unknown, "
        "then impl 'device' is device-resident and every other impl is not"),
     # host paths
     _f("host_gather_ceiling_ms", "ms", "all",
-       "host paths: a plain torch.index_select of the same rows of this table into pinned staging plus one "
-       "host->device copy (meta.json ceilings.host_gather)"),
+       "host paths: a plain torch.index_select of as many uniform random rows of this table into pinned "
+       "staging plus one host->device copy, timed as host paths are (host_sync, the lookups' L2 setting; "
+       "meta.json ceilings.host_gather)"),
     _f("host_gather_ceiling_rows_per_s", "rows/s", "all", "rows / host_gather_ceiling_ms"),
+    _f("host_gather_ceiling_warm_ms", "ms", "all",
+       "the same gather back to back, warm L2, host clock around synchronized calls (the figure before "
+       "schema 3)"),
     _f("pct_of_host_gather_ceiling", "%", "lookup", "100 x host_gather_ceiling_ms / median_ms"),
     _f("lookup_pct_of_host_gather_ceiling", "%", "step", "100 x host_gather_ceiling_ms / lookup_ms"),
     _f("host_thread_ms", "ms", "all", "CPU time of the path's own host threads per lookup"),
@@ -296,22 +324,33 @@ def row_ceiling(ceilings: Mapping[str, Any], base: str, row_bytes: Any) -> tuple
 
 def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[str, Any]:
     """The ceiling a lookup record is held against (see the ``ceiling`` field):
-    ``{"ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling"}``, None where unknown."""
+    ``{"ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling", "ceiling_exceeded"}``,
+    None where unknown.  In order: a host path's host-gather ceiling; the lookup's own
+    random-row ceiling (``random_row_ceiling_gbps``); functional mode's host memcpy; the
+    run-wide random-row ceiling of the table's memory at the row size (older records)."""
     out: dict[str, Any] = {"ceiling": None, "ceiling_gbps": None, "ceiling_row_bytes": None,
-                           "pct_of_ceiling": None}
+                           "pct_of_ceiling": None, "ceiling_exceeded": None}
     gbps = _num(rec.get("gbps"))
-    if rec.get("mode") not in (None, "gpu"):
-        value = _num((ceilings or {}).get("host_memcpy_gbps"))
-        out["ceiling"] = "host_memcpy_gbps"
-        out["ceiling_gbps"] = value if value and value > 0 else None
-    elif _num(rec.get("host_gather_ceiling_ms")):
+    own = _num(rec.get("random_row_ceiling_gbps"))
+    if _num(rec.get("host_gather_ceiling_ms")):
         ms = float(rec["host_gather_ceiling_ms"])
         out["ceiling"] = "host_gather"
         nbytes = _bytes(rec)
         out["ceiling_gbps"] = nbytes / (ms * 1e6) if nbytes and ms > 0 else None
+        out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
         median = _num(rec.get("median_ms"))
         out["pct_of_ceiling"] = 100.0 * ms / median if median and median > 0 else None
-        return out
+        return _flag(out)
+    if own is not None and own > 0:
+        key = str(rec.get("random_row_ceiling") or "")
+        memory = key.split(":", 1)[0] if key else ""
+        out["ceiling"] = f"{memory}_random_row" if memory else "random_row"
+        out["ceiling_gbps"] = own
+        out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
+    elif rec.get("mode") not in (None, "gpu"):
+        value = _num((ceilings or {}).get("host_memcpy_gbps"))
+        out["ceiling"] = "host_memcpy_gbps"
+        out["ceiling_gbps"] = value if value and value > 0 else None
     else:
         base = "device_random_row_gbps" if device_resident(rec) else "pinned_random_row_gbps"
         hit = row_ceiling(ceilings, base, rec.get("row_bytes"))
@@ -320,6 +359,12 @@ def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[
         out["ceiling"], out["ceiling_gbps"], out["ceiling_row_bytes"] = hit
     if gbps is not None and out["ceiling_gbps"]:
         out["pct_of_ceiling"] = 100.0 * gbps / out["ceiling_gbps"]
+    return _flag(out)
+
+
+def _flag(out: dict[str, Any]) -> dict[str, Any]:
+    pct = out.get("pct_of_ceiling")
+    out["ceiling_exceeded"] = None if pct is None else bool(pct > CEILING_SLACK_PCT)
     return out
 
 
@@ -338,7 +383,8 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
     ceilings = ceilings or {}
     rec["schema_version"] = SCHEMA_VERSION
     kind = rec.get("kind") or "lookup"
-    for key in ("gbps", "rows_per_s", "ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling"):
+    for key in ("gbps", "rows_per_s", "ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling",
+                "ceiling_exceeded"):
         rec[key] = None
     if kind == "step":
         _derive_step(rec, twins or {})
@@ -380,7 +426,10 @@ def _derive_step(rec: dict[str, Any], twins: Mapping[str, tuple[str, float]]) ->
 def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Records of a stored run in the current schema (copies; current ones unchanged).
 
-    Version 1 records (no ``schema_version``): nothing is recomputed from samples;
+    Version 2 records: the derived fields are derived again (``ceiling_exceeded`` is new;
+    they keep the run-wide ceilings they were held against), ``missing_fields`` lists
+    the version-3 fields they lack.  Version 1 records (no ``schema_version``): nothing
+    is recomputed from samples;
     what the schema derives from stored fields is derived (:func:`derive`, with the
     run's ceilings and its prefetch-off steps as twins), ``row_bytes`` /
     ``table_bytes`` from ``dim`` / ``dtype`` / ``vocab_size`` where absent, a step's
@@ -391,7 +440,8 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
     old = [r for r in records if _version(r) < SCHEMA_VERSION]
     if not old:
         return records
-    fixed = [_upgrade_fields(dict(r)) if _version(r) < SCHEMA_VERSION else r for r in records]
+    fixed = [(_upgrade_fields(dict(r)) if _version(r) == 1 else dict(r)) if _version(r) < SCHEMA_VERSION else r
+             for r in records]
     twins = twins_of(fixed)
     out = []
     for original, rec in zip(records, fixed):
@@ -401,7 +451,8 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
             continue
         kind = rec.get("kind") or "lookup"
         stored = set(original)
-        if kind == "step" and original.get("prefetch") and original.get("overlap_efficiency") is not None:
+        if (version == 1 and kind == "step" and original.get("prefetch")
+                and original.get("overlap_efficiency") is not None):
             rec["legacy_overlap_efficiency"] = original.get("overlap_efficiency")
         derive(rec, ceilings, twins)
         rec["upgraded_from"] = version
@@ -450,5 +501,5 @@ def markdown() -> str:
 
 
 __all__ = ["SCHEMA_VERSION", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS", "HOST_ALLOC_KEYS",
-           "keys_for", "derive", "choose_ceiling", "row_ceiling", "twin_key", "twins_of", "upgrade",
+           "keys_for", "derive", "choose_ceiling", "CEILING_SLACK_PCT", "row_ceiling", "twin_key", "twins_of", "upgrade",
            "markdown", "device_resident"]

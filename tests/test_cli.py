@@ -94,7 +94,15 @@ def test_run_smoke_end_to_end(tmp_path):
             assert r["schema_version"] == SCHEMA_VERSION and r["upgraded_from"] is None
             if r["kind"] == "lookup":
                 assert r["gbps"] > 0 and r["rows_per_s"] > 0 and r["pct_of_ceiling"] > 0
-                assert r["ceiling"] == "host_memcpy_gbps"  # functional mode
+                # functional mode: single-rank kernel paths against their own random-row ceiling
+                # (meta.json ceilings.random_row), host paths their host-gather one, multi-rank the memcpy
+                if r["tp"] * r["dp"] > 1:
+                    assert r["ceiling"] == "host_memcpy_gbps"
+                elif r["host_gather_ceiling_ms"] is not None:
+                    assert r["ceiling"] == "host_gather"
+                else:
+                    assert r["ceiling"] == "host_random_row"
+                    assert meta["ceilings"]["random_row"][r["random_row_ceiling"]]["gbps"] == r["ceiling_gbps"]
             else:  # steps carry no GB/s and no share of a ceiling
                 assert r["gbps"] is None and r["ceiling"] is None and r["pct_of_ceiling"] is None
         else:

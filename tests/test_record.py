@@ -215,13 +215,16 @@ def test_the_archived_runs_load_upgrade_and_report(tmp_path):
         import gzip
 
         raw = [json.loads(line) for line in gzip.open(run / "records.jsonl.gz", "rt") if line.strip()]
-        # records written before the schema (no schema_version) are upgraded; later ones are v2 as written
-        assert df.attrs["upgraded"] == sum("schema_version" not in r for r in raw), run.name
+        # records of an older schema (none: version 1) are upgraded; current ones are as written
+        assert df.attrs["upgraded"] == sum(r.get("schema_version", 1) < SCHEMA_VERSION for r in raw), run.name
         steps = df[df["kind"] == "step"]
         assert steps["gbps"].isna().all() and steps["pct_of_ceiling"].isna().all(), run.name
         assert steps[steps["prefetch"] == False]["overlap_efficiency"].isna().all(), run.name  # noqa: E712
         ok = df[(df["kind"] == "lookup") & (df["status"] == "ok") & (df["mode"] == "gpu")]
         assert ok["ceiling"].notna().all(), run.name  # every lookup names its ceiling
+        # and says whether that ceiling binds it: the flag is the share's
+        shares = ok[ok["pct_of_ceiling"].notna()]
+        assert (shares["ceiling_exceeded"] == (shares["pct_of_ceiling"] > record.CEILING_SLACK_PCT)).all(), run.name
     # two runs (one with decode steps) re-reported in full
     for run in (RUNS[0], next(r for r in RUNS if "overlap" in r.name)):
         html = build_report(run, tmp_path / "reports").read_text()

@@ -19,26 +19,40 @@ CPU (``time.perf_counter_ns``; names say "host"): ``host_memcpy_gbps`` (read +
 write bytes, like ``d2d_gbps``) and ``host_random_row_*`` (the same gather from
 a host table).
 
-Per table and row count (:func:`host_gather_ceiling`, measured by the engine
-for the cases of host-side paths, kept in ``meta.json`` under
-``ceilings["host_gather"]``): a plain ``torch.index_select`` of that many
-uniform random rows of the case's own pinned table into pinned staging, with
-all of torch's intra-op threads, plus one host->device copy of the staging
-buffer, synchronized; host clock, median over rotating id sets.
+Per case, measured by the engine the first time a case needs them (cached per
+worker, kept in ``meta.json``), on the case's own table and timed as its lookups
+are (:func:`ple_bench.measure.timer.measure` under :func:`bounded_policy` of the
+case's policy: the same L2 flushing, rotating id sets):
 
-Both also return ``ceilings_timer`` (``"cuda_event"`` | ``"host_monotonic"``)
+* :func:`random_row_ceiling` (``ceilings["random_row"]``, keyed by
+  :func:`random_row_key`: memory, table bytes, row bytes, id distribution, heads,
+  rows): ``torch.index_select`` of rows of the case's id distribution (the workload
+  module's, same parameters) from the tensor the case's kernel reads (device table,
+  the pinned table's UVA view, or the CPU table in functional mode); bytes = rows x
+  row bytes, as the lookup's GB/s counts them;
+* :func:`host_gather_ceiling` (``ceilings["host_gather"]``, keyed
+  ``<table bytes>:<rows>:<row bytes>``; host-side paths): a plain
+  ``torch.index_select`` of that many uniform random rows of the case's own pinned
+  table into pinned staging, with all of torch's intra-op threads, plus one
+  host->device copy, timed as host paths are (``host_sync=True``), and the
+  back-to-back warm figure beside it (``warm_ms``).
+
+The once-per-run figures (:func:`measure_ceilings`) use
+:func:`ple_bench.measure.repeat.repeat_timed` (the median of a few repeated calls);
+a lookup without a per-case ceiling (records of older runs, multi-rank lookups) is
+held against them.  :func:`measure_ceilings` also returns ``ceilings_timer`` (``"cuda_event"`` | ``"host_monotonic"``)
 and ``ceilings_seconds`` (wall time spent).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Callable
 
 import torch
 
 from ..annotate import annotate
+from .repeat import repeat_timed
 
 ROW_SIZES = (160, 512)
 COPY_BYTES = 256 << 20
@@ -48,39 +62,16 @@ MIN_REPEATS = 3
 MAX_REPEATS = 25
 
 
-def _repeat_median_s(run: Callable[[], None], timed: Callable[[Callable[[], None]], float],
-                     budget_s: float) -> float:
+def _repeat_median_s(run: Callable[[], None], device: torch.device, budget_s: float) -> float:
     """One untimed warm-up call, then timed repeats (at least MIN_REPEATS, at
-    most MAX_REPEATS, stopping once ``budget_s`` is spent); the median in s."""
-    run()
-    t0 = time.perf_counter()
-    times: list[float] = []
-    while len(times) < MIN_REPEATS or (len(times) < MAX_REPEATS and time.perf_counter() - t0 < budget_s):
-        times.append(timed(run))
-    return statistics.median(times)
-
-
-def _cuda_timed(stream: torch.cuda.Stream) -> Callable[[Callable[[], None]], float]:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def timed(run: Callable[[], None]) -> float:
-        start.record(stream)
-        run()
-        end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-
-    return timed
-
-
-def _host_timed(run: Callable[[], None]) -> float:
-    t0 = time.perf_counter_ns()
-    run()
-    return (time.perf_counter_ns() - t0) / 1e9
+    most MAX_REPEATS, stopping once ``budget_s`` is spent; CUDA events on a GPU, the
+    host clock on a CPU: :func:`ple_bench.measure.repeat.repeat_timed`); the median in s."""
+    return repeat_timed(run, device=device, warmup=1, min_repeats=MIN_REPEATS, max_repeats=MAX_REPEATS,
+                        budget_s=budget_s).median_s
 
 
 def _gather_rates(table_bytes_view: torch.Tensor, out_device: torch.device, ids_device: torch.device,
-                  timed, budget_s: float, prefix: str, seed: int = 0) -> dict[str, float]:
+                  budget_s: float, prefix: str, seed: int = 0) -> dict[str, float]:
     """Gather GATHER_ROWS random rows of each size in ROW_SIZES from
     ``table_bytes_view`` (a flat uint8 tensor, possibly a UVA view)."""
     out: dict[str, float] = {}
@@ -96,7 +87,7 @@ def _gather_rates(table_bytes_view: torch.Tensor, out_device: torch.device, ids_
         def run() -> None:
             torch.index_select(table, 0, ids, out=dst)
 
-        seconds = _repeat_median_s(run, timed, budget_s)
+        seconds = _repeat_median_s(run, out_device, budget_s)
         out[f"{prefix}_gbps_{row_bytes}B"] = n * row_bytes / seconds / 1e9
         out[f"{prefix}_rows_per_s_{row_bytes}B"] = n / seconds
     out[f"{prefix}_gbps"] = max(out[f"{prefix}_gbps_{r}B"] for r in ROW_SIZES)
@@ -110,36 +101,35 @@ def _cuda_ceilings(device: torch.device, budget_s: float, pinned_table_bytes: in
     res: dict[str, Any] = {}
     share = budget_s / 7  # h2d, d2h, d2d, 2 pinned gathers, 2 device gathers
     stream = torch.cuda.current_stream(device)
-    timed = _cuda_timed(stream)
     free, _total = torch.cuda.mem_get_info(device)
 
     host = torch.empty(COPY_BYTES, dtype=torch.uint8, pin_memory=True)
     host.fill_(0x5A)
     dev = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
     with annotate("ceiling_h2d"):
-        res["h2d_gbps"] = COPY_BYTES / _repeat_median_s(lambda: dev.copy_(host, non_blocking=True), timed, share) / 1e9
+        res["h2d_gbps"] = COPY_BYTES / _repeat_median_s(lambda: dev.copy_(host, non_blocking=True), device, share) / 1e9
     with annotate("ceiling_d2h"):
-        res["d2h_gbps"] = COPY_BYTES / _repeat_median_s(lambda: host.copy_(dev, non_blocking=True), timed, share) / 1e9
+        res["d2h_gbps"] = COPY_BYTES / _repeat_median_s(lambda: host.copy_(dev, non_blocking=True), device, share) / 1e9
     del host, dev
 
     d2d = max(COPY_BYTES, min(D2D_BYTES, (free // 4) >> 20 << 20))
     src = torch.empty(d2d, dtype=torch.uint8, device=device).fill_(0x5A)
     dst = torch.empty_like(src)
     with annotate("ceiling_d2d"):
-        res["d2d_gbps"] = 2 * d2d / _repeat_median_s(lambda: dst.copy_(src), timed, share) / 1e9
+        res["d2d_gbps"] = 2 * d2d / _repeat_median_s(lambda: dst.copy_(src), device, share) / 1e9
     del src, dst
 
     table_bytes = max(pinned_table_bytes, max(ROW_SIZES)) // 512 * 512
     pinned = torch.empty(table_bytes, dtype=torch.uint8, pin_memory=True)
     pinned.fill_(0x5A)
     with annotate("ceiling_pinned_random_row"):
-        res.update(_gather_rates(cuda_view_of_pinned(pinned, device), device, device, timed, share,
+        res.update(_gather_rates(cuda_view_of_pinned(pinned, device), device, device, share,
                                  "pinned_random_row"))
     del pinned
     dev_table_bytes = max(min(table_bytes, (free // 4) >> 9 << 9), 512)
     table = torch.empty(dev_table_bytes, dtype=torch.uint8, device=device).fill_(0x5A)
     with annotate("ceiling_device_random_row"):
-        res.update(_gather_rates(table, device, device, timed, share, "device_random_row"))
+        res.update(_gather_rates(table, device, device, share, "device_random_row"))
     del table
     stream.synchronize()
     empty_host_cache = getattr(torch._C, "_host_emptyCache", None)
@@ -157,13 +147,13 @@ def _cpu_ceilings(budget_s: float, pinned_table_bytes: int) -> dict[str, Any]:
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(0x5A)  # touched: no zero-page reads
     dst = torch.empty_like(src)
     with annotate("ceiling_host_memcpy"):
-        res["host_memcpy_gbps"] = 2 * nbytes / _repeat_median_s(lambda: dst.copy_(src), _host_timed, share) / 1e9
+        res["host_memcpy_gbps"] = 2 * nbytes / _repeat_median_s(lambda: dst.copy_(src), torch.device("cpu"), share) / 1e9
     del src, dst
     table_bytes = max(min(pinned_table_bytes, COPY_BYTES), max(ROW_SIZES)) // 512 * 512
     table = torch.empty(table_bytes, dtype=torch.uint8).fill_(0x5A)
     cpu = torch.device("cpu")
     with annotate("ceiling_host_random_row"):
-        res.update(_gather_rates(table, cpu, cpu, _host_timed, share, "host_random_row"))
+        res.update(_gather_rates(table, cpu, cpu, share, "host_random_row"))
     res["ceilings_timer"] = "host_monotonic"
     return res
 
@@ -171,23 +161,56 @@ def _cpu_ceilings(budget_s: float, pinned_table_bytes: int) -> dict[str, Any]:
 HOST_GATHER_ID_SETS = 8
 HOST_GATHER_MIN_REPEATS = 20
 HOST_GATHER_BUDGET_S = 0.3
+#: a per-case ceiling is timed like its case but for at most this long
+CEILING_MAX_TIME_S = 1.0
+
+
+def bounded_policy(policy: "TimingPolicy | None") -> "TimingPolicy":
+    """The case's timing policy for a ceiling of that case: the same warm-up, noise target
+    and L2 setting, sampling for at most :data:`CEILING_MAX_TIME_S`."""
+    import dataclasses
+
+    from .timer import TimingPolicy
+
+    policy = policy if policy is not None else TimingPolicy()
+    max_time = min(policy.max_time_s, CEILING_MAX_TIME_S)
+    return dataclasses.replace(policy, max_time_s=max_time, min_time_s=min(policy.min_time_s, max_time),
+                               hot=False, graph=False)
+
+
+def _uniform_id_sets(total: int, rows: int, n_sets: int, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return [torch.randint(0, total, (rows,), generator=gen) for _ in range(n_sets)]
 
 
 def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0,
-                        budget_s: float = HOST_GATHER_BUDGET_S) -> dict[str, Any]:
+                        policy: "TimingPolicy | None" = None, cold_l2: bool | None = None,
+                        budget_s: float = HOST_GATHER_BUDGET_S, warm: bool = True) -> dict[str, Any]:
     """The host-gather ceiling of ``table`` (a host ``[rows_total, ...]`` tensor, pinned
     on a GPU machine) for ``rows`` rows: ``torch.index_select`` of uniform random rows
-    into pinned staging (all torch threads) + one host->device copy, synchronized,
-    host clock.  Returns ``ms`` (median per gather), ``rows_per_s``, ``rows``,
-    ``table_bytes``, ``row_bytes``, ``threads``, ``repeats``, ``timer``."""
+    (rotating through :data:`HOST_GATHER_ID_SETS` id sets) into pinned staging (all torch
+    threads) + one ``copy_(non_blocking=True)`` to the device.
+
+    Timed as host-path lookups are: :func:`ple_bench.measure.timer.measure` with
+    ``host_sync=True`` (each sample one synchronized call on the host clock), under
+    :func:`bounded_policy` of ``policy``, the L2 flushed before each sample when
+    ``cold_l2`` (default: the policy's).  ``ms`` is that median.  With ``warm``, also
+    the figure of back-to-back calls without a flush (``warm_ms``; host clock, device
+    synchronized after each: :func:`ple_bench.measure.repeat.repeat_timed`).
+    Returns ``ms``, ``rows_per_s``, ``rows``, ``table_bytes``, ``row_bytes``,
+    ``threads``, ``repeats``, ``timer``, ``cold_l2``, ``id_sets``, ``warm_ms``, ``warm_repeats``."""
+    from .timer import measure
+
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     cuda = device.type == "cuda"
+    pol = bounded_policy(policy)
+    if cold_l2 is None:
+        cold_l2 = pol.cold_l2
     view = table.view(torch.uint8).view(table.shape[0], -1)
     total, row_bytes = view.shape
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    id_sets = [torch.randint(0, total, (rows,), generator=gen) for _ in range(HOST_GATHER_ID_SETS)]
+    id_sets = _uniform_id_sets(total, rows, HOST_GATHER_ID_SETS, seed)
     staging = torch.empty(rows, row_bytes, dtype=torch.uint8, pin_memory=cuda)
     dest = torch.empty(rows, row_bytes, dtype=torch.uint8, device=device) if cuda else None
     turn = [0]
@@ -198,19 +221,103 @@ def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0
         torch.index_select(view, 0, ids, out=staging)
         if dest is not None:
             dest.copy_(staging, non_blocking=True)
-            torch.cuda.synchronize(device)
 
     with annotate("ceiling_host_gather"):
-        for _ in range(3):
-            run()
-        times: list[float] = []
-        t0 = time.perf_counter()
-        while len(times) < HOST_GATHER_MIN_REPEATS or (time.perf_counter() - t0 < budget_s and len(times) < 2000):
-            times.append(_host_timed(run))
-    seconds = statistics.median(times)
-    return {"ms": seconds * 1e3, "rows_per_s": rows / seconds, "rows": rows, "table_bytes": total * row_bytes,
-            "row_bytes": row_bytes, "threads": torch.get_num_threads(), "repeats": len(times),
-            "timer": "host_sync" if cuda else "host_monotonic"}
+        meas = measure(run, device=device, policy=pol, cold_l2=bool(cold_l2), label="ceiling_host_gather",
+                       host_sync=True)
+        ms = meas.stats()["median_ms"]
+        out = {"ms": ms, "rows_per_s": rows / (ms / 1e3), "rows": rows, "table_bytes": total * row_bytes,
+               "row_bytes": row_bytes, "threads": torch.get_num_threads(), "repeats": len(meas.samples_ms),
+               "timer": meas.timer, "cold_l2": meas.cold_l2, "id_sets": len(id_sets)}
+        if warm:
+            back_to_back = repeat_timed(run, device=device, host=True, warmup=3,
+                                        min_repeats=HOST_GATHER_MIN_REPEATS, max_repeats=2000, budget_s=budget_s)
+            out["warm_ms"] = back_to_back.median_ms
+            out["warm_repeats"] = len(back_to_back.samples_ms)
+    return out
+
+
+#: rows a per-case random-row ceiling gathers per call (at least the case's own rows) ...
+RANDOM_ROW_ROWS = GATHER_ROWS
+#: ... and at most this many bytes of them (large rows: fewer rows)
+RANDOM_ROW_BYTES = 256 << 20
+#: functional (CPU) mode gathers fewer: its figures are not performance anyway
+RANDOM_ROW_ROWS_CPU = 1 << 14
+
+
+def random_row_rows(rows: int, row_bytes: int, num_heads: int, *, cpu: bool = False) -> int:
+    """Rows per call of a random-row ceiling for a case of ``rows`` rows: at least the
+    case's, else :data:`RANDOM_ROW_ROWS` (at most :data:`RANDOM_ROW_BYTES` of them), a
+    multiple of ``num_heads`` (the ids are ``[tokens, heads]``, as the case's)."""
+    cap = RANDOM_ROW_ROWS_CPU if cpu else RANDOM_ROW_ROWS
+    n = max(int(rows), min(cap, RANDOM_ROW_BYTES // max(1, int(row_bytes))), 1)
+    heads = max(1, int(num_heads))
+    return -(-n // heads) * heads
+
+
+def random_row_key(memory: str, table_bytes: int, row_bytes: int, ids: str, num_heads: int, rows: int) -> str:
+    """``meta.json`` ``ceilings["random_row"]`` key of one random-row ceiling:
+    ``<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>``."""
+    return f"{memory}:{int(table_bytes)}:{int(row_bytes)}:{ids}:h{int(num_heads)}:n{int(rows)}"
+
+
+def _word_view(table: torch.Tensor) -> torch.Tensor:
+    """``table``'s rows as ``[rows, words]`` of the widest integer type dividing a row
+    (8-byte loads where the row allows), the same bytes."""
+    rows = table.shape[0]
+    flat = table.view(torch.uint8).reshape(rows, -1)
+    row_bytes = flat.shape[1]
+    for dtype, width in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        if row_bytes % width == 0:
+            return flat.view(dtype)
+    return flat
+
+
+def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device, *, memory: str,
+                       policy: "TimingPolicy | None" = None, cold_l2: bool | None = None,
+                       ids: str = "uniform", num_heads: int = 1, table_bytes: int | None = None) -> dict[str, Any]:
+    """The random-row ceiling of one case's table: ``torch.index_select`` of the rows of
+    ``id_sets`` (each a flat tensor of row ids of the case's distribution; one per call,
+    in turn) from ``table`` (the tensor the case's kernel reads: device memory, the
+    UVA view of a pinned table, or a CPU tensor) into a buffer on ``device``.
+
+    Timed as the case's lookups are: :func:`ple_bench.measure.timer.measure` (CUDA
+    events behind the launch-hiding spin, the L2 flushed before each sample when
+    ``cold_l2``, default the policy's) under :func:`bounded_policy` of ``policy``.
+    Bytes as the cases count them: rows x row bytes.  Returns ``key``, ``memory``,
+    ``ms``, ``gbps``, ``rows_per_s``, ``rows``, ``row_bytes``, ``table_bytes``, ``ids``,
+    ``num_heads``, ``id_sets``, ``cold_l2``, ``timer``, ``repeats``."""
+    from .timer import measure
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not id_sets:
+        raise ValueError("random_row_ceiling needs at least one id set")
+    pol = bounded_policy(policy)
+    if cold_l2 is None:
+        cold_l2 = pol.cold_l2
+    words = _word_view(table)
+    row_bytes = words.shape[1] * words.element_size()
+    sets = [s.reshape(-1).to(device=device, dtype=torch.int64) for s in id_sets]
+    rows = sets[0].numel()
+    if any(s.numel() != rows for s in sets):
+        raise ValueError("every id set of a random-row ceiling has the same number of rows")
+    dst = torch.empty(rows, words.shape[1], dtype=words.dtype, device=device)
+    turn = [0]
+
+    def run() -> None:
+        torch.index_select(words, 0, sets[turn[0] % len(sets)], out=dst)
+        turn[0] += 1
+
+    table_bytes = int(table_bytes if table_bytes is not None else words.shape[0] * row_bytes)
+    with annotate(f"ceiling_{memory}_random_row"):
+        meas = measure(run, device=device, policy=pol, cold_l2=bool(cold_l2), label=f"ceiling_{memory}_random_row")
+    ms = meas.stats()["median_ms"]
+    return {"key": random_row_key(memory, table_bytes, row_bytes, ids, num_heads, rows), "memory": memory,
+            "ms": ms, "gbps": rows * row_bytes / (ms * 1e6), "rows_per_s": rows / (ms / 1e3), "rows": rows,
+            "row_bytes": row_bytes, "table_bytes": table_bytes, "ids": ids, "num_heads": int(num_heads),
+            "id_sets": len(sets), "cold_l2": meas.cold_l2, "timer": meas.timer, "repeats": len(meas.samples_ms)}
 
 
 def measure_ceilings(device, *, budget_s: float = 5.0, pinned_table_bytes: int = 1 << 30) -> dict[str, Any]:

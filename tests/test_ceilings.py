@@ -1,0 +1,263 @@
+"""Ceilings that bind (issue 13 item 3) and one timing loop (issue 14 item 4), on the CPU:
+
+* each lookup is held against the random-row ceiling of its own memory, table, row
+  size and id distribution (hand-built records), bytes counted alike in both;
+* a lookup above 105 % of its ceiling is flagged and the finding says the ceiling is
+  wrong, not that the lookup is fast;
+* the executor measures a random-row ceiling once per key (a counting fake), on the
+  case's own table, with the case's id distribution, timed through ``measure`` as
+  the case is; the host-gather ceiling goes through the ``host_sync`` path;
+* a functional run keeps ``ceilings["random_row"]`` in meta.json and every lookup
+  record names its entry.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ple_bench import results
+from ple_bench.case import Case
+from ple_bench.executor import CaseExecutor
+from ple_bench.measure import TimingPolicy, ceilings as ceil
+from ple_bench.measure import timer as timer_mod
+from ple_bench.record import CEILING_SLACK_PCT, derive, upgrade
+
+RUN_CEILINGS = {"pinned_random_row_gbps_160B": 20.0, "device_random_row_gbps_160B": 250.0,
+                "host_memcpy_gbps": 10.0}
+
+
+def _lookup(impl: str, ids: str, median_ms: float, ceiling_gbps: float | None, *, memory: str,
+            table_bytes: int = 1 << 30, dim: int = 160, mode: str = "gpu") -> dict:
+    case = Case(impl=impl, dim=dim, dtype="fp8", num_heads=16, num_tokens=1024, vocab_size=table_bytes // dim,
+                ids=ids)
+    rows = 1024 * 16
+    rec = {"case_id": case.case_id, "status": "ok", "mode": mode, **case.axes(), "rows": rows,
+           "row_bytes": case.row_bytes, "table_bytes": case.table_bytes, "bytes_moved": rows * case.row_bytes,
+           "median_ms": median_ms}
+    if ceiling_gbps is not None:
+        rec["random_row_ceiling"] = ceil.random_row_key(memory, case.table_bytes, case.row_bytes, ids, 16, 1 << 18)
+        rec["random_row_ceiling_gbps"] = ceiling_gbps
+    return rec
+
+
+# ------------------------------------------------------------ which ceiling, on records
+
+def test_each_lookup_is_held_against_its_own_random_row_ceiling():
+    # the same bytes in 0.5 ms: 16384 x 160 B / 0.5 ms = 5.24288 GB/s
+    dev_uniform = derive(_lookup("device", "uniform", 0.5, 400.0, memory="device"), RUN_CEILINGS)
+    dev_zipf = derive(_lookup("device", "zipf:1.1", 0.5, 900.0, memory="device"), RUN_CEILINGS)
+    pinned_zipf = derive(_lookup("pinned_uva", "zipf:1.1", 0.5, 30.0, memory="pinned"), RUN_CEILINGS)
+    small = derive(_lookup("pinned_uva", "uniform", 0.5, 45.0, memory="pinned", table_bytes=1 << 26), RUN_CEILINGS)
+    assert dev_uniform["ceiling"] == dev_zipf["ceiling"] == "device_random_row"
+    assert pinned_zipf["ceiling"] == small["ceiling"] == "pinned_random_row"
+    # not the run-wide figure of the memory: each record's own, per distribution and table
+    assert [r["ceiling_gbps"] for r in (dev_uniform, dev_zipf, pinned_zipf, small)] == [400.0, 900.0, 30.0, 45.0]
+    assert dev_zipf["random_row_ceiling"].startswith("device:") and ":zipf:1.1:" in dev_zipf["random_row_ceiling"]
+    assert f":{small['table_bytes']}:" in small["random_row_ceiling"] and small["table_bytes"] < 1 << 26
+    for rec in (dev_uniform, dev_zipf, pinned_zipf, small):
+        assert rec["gbps"] == pytest.approx(5.24288)  # rows x row bytes / median, as the ceiling counts
+        assert rec["pct_of_ceiling"] == pytest.approx(100 * 5.24288 / rec["ceiling_gbps"])
+        assert rec["ceiling_row_bytes"] == 160 and rec["ceiling_exceeded"] is False
+
+
+def test_without_its_own_ceiling_a_lookup_falls_back_to_the_run_wide_one():
+    rec = derive(_lookup("pinned_uva", "uniform", 0.5, None, memory="pinned"), RUN_CEILINGS)
+    assert rec["ceiling"] == "pinned_random_row_gbps_160B" and rec["ceiling_gbps"] == 20.0
+    functional = derive(_lookup("device", "uniform", 0.5, None, memory="host", mode="functional"), RUN_CEILINGS)
+    assert functional["ceiling"] == "host_memcpy_gbps"
+    # a functional lookup with its own ceiling is held against that
+    own = derive(_lookup("device", "uniform", 0.5, 8.0, memory="host", mode="functional"), RUN_CEILINGS)
+    assert own["ceiling"] == "host_random_row" and own["ceiling_gbps"] == 8.0
+
+
+def test_host_path_keeps_its_host_gather_ceiling_over_a_random_row_one():
+    rec = _lookup("pinned_cpu_gather", "uniform", 0.8, 30.0, memory="pinned")
+    rec.update(host_gather_ceiling_ms=0.6)
+    rec = derive(rec, RUN_CEILINGS)
+    assert rec["ceiling"] == "host_gather" and rec["pct_of_ceiling"] == pytest.approx(75.0)
+    assert rec["ceiling_exceeded"] is False
+
+
+def test_a_lookup_at_120_pct_of_its_ceiling_is_flagged_and_called_a_wrong_ceiling():
+    from ple_bench.report.data import Run
+    from ple_bench.report.findings import ceiling_findings
+
+    gbps = 5.24288
+    fast = derive(_lookup("pinned_uva", "zipf:1.1", 0.5, gbps / 1.2, memory="pinned"), RUN_CEILINGS)
+    slow = derive(_lookup("pinned_uva", "uniform", 0.5, 4 * gbps, memory="pinned"), RUN_CEILINGS)
+    assert fast["pct_of_ceiling"] == pytest.approx(120.0) and fast["ceiling_exceeded"] is True
+    assert slow["ceiling_exceeded"] is False and fast["pct_of_ceiling"] > CEILING_SLACK_PCT
+    found = ceiling_findings(Run(Path("r"), {"mode": "gpu"}, [fast, slow]))
+    warn = [f for f in found if f.level == "warn"]
+    assert len(warn) == 1
+    text = warn[0].text
+    assert f"The ceiling pinned_random_row [{fast['random_row_ceiling']}] does not bind" in text
+    assert "(120% of it" in text and "the ceiling is wrong" in text
+    # the bound lookup is the one praised; the one above its ceiling is not presented as fast
+    assert any("reaches at best 25%" in f.text for f in found)
+    assert not any("reaches at best 120%" in f.text for f in found)
+
+
+def test_a_version_2_record_is_upgraded_with_the_flag():
+    old = _lookup("pinned_uva", "zipf:1.1", 0.1, None, memory="pinned")  # 26 GB/s vs 20: 131%
+    old["schema_version"] = 2
+    (rec,) = upgrade([old], {"ceilings": RUN_CEILINGS})
+    assert rec["upgraded_from"] == 2 and rec["ceiling"] == "pinned_random_row_gbps_160B"
+    assert rec["ceiling_exceeded"] is True
+    assert "random_row_ceiling" in rec["missing_fields"]
+
+
+# ------------------------------------------------------------ measured by the executor
+
+def _policy(**kw) -> TimingPolicy:
+    base = dict(warmup_ms=0.0, min_samples=2, max_samples=3, min_time_s=0.0, max_time_s=0.2,
+                cold_l2=False, hot=False, graph=False, id_sets=2)
+    base.update(kw)
+    return TimingPolicy(**base)
+
+
+def _case(**kw) -> Case:
+    axes = dict(impl="pinned_uva", vocab_size=4096, dim=16, dtype="fp8", num_heads=2, num_tokens=4)
+    axes.update(kw)
+    return Case(**axes)
+
+
+def test_the_random_row_ceiling_is_measured_once_per_key(monkeypatch):
+    calls = []
+    real = ceil.random_row_ceiling
+
+    def counting(table, id_sets, device, **kw):
+        calls.append((table.data_ptr(), kw["ids"], kw["memory"], [s.numel() for s in id_sets]))
+        return real(table, id_sets, device, **kw)
+
+    monkeypatch.setattr(ceil, "random_row_ceiling", counting)
+    ex = CaseExecutor()
+    recs = [ex.run(c, _policy()) for c in (
+        _case(), _case(num_tokens=8), _case(prefetch=True),  # one table, one distribution: one ceiling
+        _case(ids="zipf:1.1"), _case(ids="zipf:1.1", num_tokens=8),  # another distribution: a second
+    )]
+    assert len(calls) == 2
+    assert [c[1] for c in calls] == ["uniform", "zipf:1.1"] and {c[2] for c in calls} == {"host"}
+    # on the case's own table: the tensor its kernel reads
+    assert calls[0][0] == ex.table.backend.table_for_kernel().data_ptr()
+    n = ceil.random_row_rows(8, 16, 2, cpu=True)
+    assert calls[0][3] == [n, n]  # one id set per policy id set, rows as the ceiling gathers them
+    keys = [r["random_row_ceiling"] for r in recs]
+    assert keys[0] == keys[1] == keys[2] != keys[3] == keys[4]
+    assert keys[0] == ceil.random_row_key("host", ex.table.backend.table_bytes, 16, "uniform", 2, n)
+    for r in recs:
+        entry = r["random_row_ceiling_entry"]
+        assert entry["key"] == r["random_row_ceiling"] and r["random_row_ceiling_gbps"] == entry["gbps"] > 0
+        # bytes counted as the lookup counts them: rows x row bytes over the median
+        assert entry["gbps"] == pytest.approx(entry["rows"] * entry["row_bytes"] / (entry["ms"] * 1e6))
+    ex.release_table()
+    # a new table (another row size) is another ceiling
+    ex.run(_case(dim=32), _policy())
+    assert len(calls) == 3 and calls[2][1] == "uniform"
+
+
+def test_the_random_row_ceiling_draws_the_cases_distribution(monkeypatch):
+    seen = {}
+    real = ceil.random_row_ceiling
+
+    def spy(table, id_sets, device, **kw):
+        seen[kw["ids"]] = torch.cat([s.reshape(-1) for s in id_sets])
+        return real(table, id_sets, device, **kw)
+
+    monkeypatch.setattr(ceil, "random_row_ceiling", spy)
+    ex = CaseExecutor()
+    for ids in ("uniform", "zipf:1.5"):
+        ex.run(_case(ids=ids, vocab_size=1 << 16), _policy())
+    share_of_top = {k: torch.unique(v, return_counts=True)[1].max().item() / v.numel() for k, v in seen.items()}
+    # Zipf(1.5) ids repeat their hot rows; uniform ids over 32 K rows per head hardly repeat
+    assert share_of_top["zipf:1.5"] > 0.05 > share_of_top["uniform"]
+
+
+def test_ceilings_are_timed_through_measure_as_their_cases(monkeypatch):
+    import ple_bench.measure as measure_pkg
+
+    calls = []
+    real = timer_mod.measure
+
+    def spy(fn, **kw):
+        calls.append(kw)
+        return real(fn, **kw)
+
+    monkeypatch.setattr(timer_mod, "measure", spy)  # what the ceilings call
+    monkeypatch.setattr(measure_pkg, "measure", spy)  # what the executor calls for the cases
+    ex = CaseExecutor()
+    pol = _policy(cold_l2=True, max_time_s=5.0)
+    ex.run(_case(impl="pinned_cpu_gather", ids_on="host"), pol)
+    host_calls, calls[:] = list(calls), []
+    ex.release_table()
+    ex.run(_case(), pol)
+    kernel_calls = list(calls)
+    (host_case,) = [c for c in host_calls if c["label"] == "lookup"]
+    (gather,) = [c for c in host_calls if c["label"] == "ceiling_host_gather"]
+    (kernel_case,) = [c for c in kernel_calls if c["label"] == "lookup"]
+    (rr,) = [c for c in kernel_calls if c["label"] == "ceiling_host_random_row"]
+    # the host-gather ceiling on the path its host-path case is timed on: host_sync, same L2 setting
+    assert gather["host_sync"] is host_case["host_sync"] is True
+    assert gather["cold_l2"] is host_case["cold_l2"] is True
+    # the random-row ceiling as its kernel-path case: no host_sync, the same L2 setting
+    assert rr.get("host_sync", False) is kernel_case["host_sync"] is False
+    assert rr["cold_l2"] is kernel_case["cold_l2"] is True
+    # a bounded copy of the case's policy
+    for c in (gather, rr):
+        assert c["policy"].max_time_s == ceil.CEILING_MAX_TIME_S and c["policy"].min_samples == pol.min_samples
+
+
+def test_host_gather_ceiling_keeps_the_warm_figure_too():
+    table = torch.arange(4096 * 32, dtype=torch.int32).reshape(4096, 32)
+    c = ceil.host_gather_ceiling(table, 256, "cpu", policy=_policy())
+    assert c["ms"] > 0 and c["warm_ms"] > 0 and c["warm_repeats"] >= ceil.HOST_GATHER_MIN_REPEATS
+    assert c["timer"] == "host_monotonic" and c["id_sets"] == ceil.HOST_GATHER_ID_SETS
+
+
+SUITE = """
+[suite]
+description = "random-row ceilings in a functional run"
+[suite.timing]
+min_samples = 2
+max_samples = 3
+max_time_s = 0.2
+[[group]]
+vocab_size = 1024
+dim = 16
+dtype = "fp8"
+num_heads = 2
+num_tokens = 4
+impl = ["device", "pinned_uva", "pinned_cpu_gather"]
+ids = ["uniform", "zipf:1.1"]
+"""
+
+
+def test_a_functional_run_keeps_its_random_row_ceilings_in_meta(tmp_path):
+    from tests.test_cli import cli
+
+    path = tmp_path / "rr.toml"
+    path.write_text(SUITE)
+    res = tmp_path / "results"
+    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run_dir,) = list(results.iter_run_dirs(res))
+    meta = json.loads((Path(run_dir) / "meta.json").read_text())
+    table = meta["ceilings"]["random_row"]
+    assert meta["ceilings"]["host_memcpy_gbps"] > 0 and meta["ceilings"]["host_gather"]
+    # one per (memory, table, row, distribution): in functional mode the device and pinned tables
+    # are both CPU tensors ("host") of one size, so they share theirs
+    assert {v["ids"] for v in table.values()} == {"uniform", "zipf:1.1"}
+    recs = results.load_records(run_dir)
+    assert {r["status"] for r in recs} == {"ok"}
+    for r in recs:
+        if r["impl"] == "pinned_cpu_gather":
+            assert r["ceiling"] == "host_gather" and r["random_row_ceiling"] is None
+            continue
+        entry = table[r["random_row_ceiling"]]
+        assert entry["ids"] == r["ids"] and entry["row_bytes"] == r["row_bytes"] and entry["memory"] == "host"
+        assert r["ceiling"] == "host_random_row" and r["ceiling_gbps"] == entry["gbps"]
+        assert r["ceiling_exceeded"] == (r["pct_of_ceiling"] > CEILING_SLACK_PCT)
