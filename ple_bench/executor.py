@@ -403,7 +403,9 @@ class CaseExecutor:
         from .workload import make_ids, parse_ids_spec
 
         cpu = self.device.type != "cuda"
-        memory = "host" if cpu else "pinned" if getattr(type(backend), "table_in_host_memory", False) else "device"
+        in_host = bool(getattr(type(backend), "table_in_host_memory", False))
+        memory = "host" if cpu else "pinned" if in_host else "device"
+        alloc = case.host_alloc if in_host and not cpu else "torch"
         ids = parse_ids_spec(case.ids).canonical
         valid = getattr(getattr(backend, "shard", None), "num_valid", None) or backend.weight.shape[0]
         wanted = ceil.random_row_rows(rows, backend.row_bytes, case.num_heads, cpu=cpu)
@@ -411,7 +413,7 @@ class CaseExecutor:
         # the case's own row count last: the case ran with it, so its buffers fit
         own = -(-max(rows, 1) // case.num_heads) * case.num_heads
         for n in dict.fromkeys((wanted, own)):
-            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n)
+            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n, alloc)
             if key in self.random_row_ceilings:
                 c = self.random_row_ceilings[key]
                 break
@@ -422,7 +424,7 @@ class CaseExecutor:
                 c = ceil.random_row_ceiling(
                     backend.table_for_kernel(), sets, self.device, memory=memory, policy=policy,
                     cold_l2=getattr(policy, "cold_l2", None), ids=ids, num_heads=case.num_heads,
-                    table_bytes=backend.table_bytes)
+                    table_bytes=backend.table_bytes, host_alloc=alloc)
             except torch.OutOfMemoryError:
                 sets = None
                 if self.device.type == "cuda":

@@ -130,8 +130,8 @@ FIELDS: tuple[Field, ...] = (
        "is not faster than the hardware); None without a share", derived=True),
     _f("random_row_ceiling", "", "lookup",
        "single-rank lookups of kernel paths: the key of this case's random-row ceiling in meta.json "
-       "ceilings.random_row (<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>): torch.index_select "
-       "of rows of the case's id distribution from the tensor its kernel reads, timed as the case (same "
+       "ceilings.random_row (<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>[:<host_alloc>]): "
+       "torch.index_select of rows of the case's id distribution from the tensor its kernel reads, timed as the case (same "
        "timer, L2 flushing, rotating id sets)"),
     _f("random_row_ceiling_gbps", "GB/s", "lookup", "that ceiling: its rows x row bytes / its median time"),
     _f("table_in_host_memory", "", "all",
@@ -500,6 +500,6 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["SCHEMA_VERSION", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS", "HOST_ALLOC_KEYS",
-           "keys_for", "derive", "choose_ceiling", "CEILING_SLACK_PCT", "row_ceiling", "twin_key", "twins_of", "upgrade",
-           "markdown", "device_resident"]
+__all__ = ["SCHEMA_VERSION", "CEILING_SLACK_PCT", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS",
+           "HOST_ALLOC_KEYS", "keys_for", "derive", "choose_ceiling", "row_ceiling", "twin_key", "twins_of",
+           "upgrade", "markdown", "device_resident"]

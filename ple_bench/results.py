@@ -26,7 +26,10 @@ the events' time of the same calls is in ``event_samples_ms`` /
 
 Host paths (backends that declare ``reads_ids_on_host``) also carry the
 host-gather ceiling of their table and row count (``meta.json``:
-``ceilings["host_gather"]["<table bytes>:<rows>:<row bytes>"]``); a table in
+``ceilings["host_gather"]["<table bytes>:<rows>:<row bytes>"]``); single-rank lookups
+of the other paths the random-row ceiling of their table, row size and id distribution
+(``ceilings["random_row"][<record's random_row_ceiling>]``, see
+:func:`ple_bench.measure.ceilings.random_row_key`); a table in
 host memory, what it cost (:data:`HOST_ALLOC_KEYS`; the axis ``host_alloc`` says
 how it was allocated, see :mod:`ple_bench.backends.host_alloc`).
 """

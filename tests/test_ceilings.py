@@ -261,3 +261,14 @@ def test_a_functional_run_keeps_its_random_row_ceilings_in_meta(tmp_path):
         assert entry["ids"] == r["ids"] and entry["row_bytes"] == r["row_bytes"] and entry["memory"] == "host"
         assert r["ceiling"] == "host_random_row" and r["ceiling_gbps"] == entry["gbps"]
         assert r["ceiling_exceeded"] == (r["pct_of_ceiling"] > CEILING_SLACK_PCT)
+
+
+def test_a_pinned_table_on_other_pages_has_a_ceiling_of_its_own():
+    torch_key = ceil.random_row_key("pinned", 1 << 30, 160, "uniform", 16, 1 << 18)
+    huge_key = ceil.random_row_key("pinned", 1 << 30, 160, "uniform", 16, 1 << 18, host_alloc="exact_huge")
+    assert torch_key == "pinned:1073741824:160:uniform:h16:n262144"
+    assert huge_key == torch_key + ":exact_huge"
+    # and a record holding one is named by its memory, whatever the allocation
+    rec = _lookup("pinned_uva", "uniform", 0.5, 30.0, memory="pinned")
+    rec["random_row_ceiling"] = huge_key
+    assert derive(rec, RUN_CEILINGS)["ceiling"] == "pinned_random_row"

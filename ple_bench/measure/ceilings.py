@@ -26,8 +26,8 @@ case's policy: the same L2 flushing, rotating id sets):
 
 * :func:`random_row_ceiling` (``ceilings["random_row"]``, keyed by
   :func:`random_row_key`: memory, table bytes, row bytes, id distribution, heads,
-  rows): ``torch.index_select`` of rows of the case's id distribution (the workload
-  module's, same parameters) from the tensor the case's kernel reads (device table,
+  rows, a pinned table's non-default ``host_alloc``): ``torch.index_select`` of rows
+  of the case's id distribution (the workload module's, same parameters) from the tensor the case's kernel reads (device table,
   the pinned table's UVA view, or the CPU table in functional mode); bytes = rows x
   row bytes, as the lookup's GB/s counts them;
 * :func:`host_gather_ceiling` (``ceilings["host_gather"]``, keyed
@@ -147,7 +147,8 @@ def _cpu_ceilings(budget_s: float, pinned_table_bytes: int) -> dict[str, Any]:
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(0x5A)  # touched: no zero-page reads
     dst = torch.empty_like(src)
     with annotate("ceiling_host_memcpy"):
-        res["host_memcpy_gbps"] = 2 * nbytes / _repeat_median_s(lambda: dst.copy_(src), torch.device("cpu"), share) / 1e9
+        seconds = _repeat_median_s(lambda: dst.copy_(src), torch.device("cpu"), share)
+        res["host_memcpy_gbps"] = 2 * nbytes / seconds / 1e9
     del src, dst
     table_bytes = max(min(pinned_table_bytes, COPY_BYTES), max(ROW_SIZES)) // 512 * 512
     table = torch.empty(table_bytes, dtype=torch.uint8).fill_(0x5A)
@@ -162,7 +163,7 @@ HOST_GATHER_ID_SETS = 8
 HOST_GATHER_MIN_REPEATS = 20
 HOST_GATHER_BUDGET_S = 0.3
 #: a per-case ceiling is timed like its case but for at most this long
-CEILING_MAX_TIME_S = 1.0
+CEILING_MAX_TIME_S = 0.5
 
 
 def bounded_policy(policy: "TimingPolicy | None") -> "TimingPolicy":
@@ -255,10 +256,14 @@ def random_row_rows(rows: int, row_bytes: int, num_heads: int, *, cpu: bool = Fa
     return -(-n // heads) * heads
 
 
-def random_row_key(memory: str, table_bytes: int, row_bytes: int, ids: str, num_heads: int, rows: int) -> str:
+def random_row_key(memory: str, table_bytes: int, row_bytes: int, ids: str, num_heads: int, rows: int,
+                   host_alloc: str = "torch") -> str:
     """``meta.json`` ``ceilings["random_row"]`` key of one random-row ceiling:
-    ``<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>``."""
-    return f"{memory}:{int(table_bytes)}:{int(row_bytes)}:{ids}:h{int(num_heads)}:n{int(rows)}"
+    ``<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>``, then ``:<host_alloc>``
+    for a pinned table not allocated by torch (``exact``, ``exact_huge``: other pages,
+    other address translation, another ceiling)."""
+    key = f"{memory}:{int(table_bytes)}:{int(row_bytes)}:{ids}:h{int(num_heads)}:n{int(rows)}"
+    return key if host_alloc in ("", "torch") else f"{key}:{host_alloc}"
 
 
 def _word_view(table: torch.Tensor) -> torch.Tensor:
@@ -275,7 +280,8 @@ def _word_view(table: torch.Tensor) -> torch.Tensor:
 
 def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device, *, memory: str,
                        policy: "TimingPolicy | None" = None, cold_l2: bool | None = None,
-                       ids: str = "uniform", num_heads: int = 1, table_bytes: int | None = None) -> dict[str, Any]:
+                       ids: str = "uniform", num_heads: int = 1, table_bytes: int | None = None,
+                       host_alloc: str = "torch") -> dict[str, Any]:
     """The random-row ceiling of one case's table: ``torch.index_select`` of the rows of
     ``id_sets`` (each a flat tensor of row ids of the case's distribution; one per call,
     in turn) from ``table`` (the tensor the case's kernel reads: device memory, the
@@ -286,7 +292,7 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
     ``cold_l2``, default the policy's) under :func:`bounded_policy` of ``policy``.
     Bytes as the cases count them: rows x row bytes.  Returns ``key``, ``memory``,
     ``ms``, ``gbps``, ``rows_per_s``, ``rows``, ``row_bytes``, ``table_bytes``, ``ids``,
-    ``num_heads``, ``id_sets``, ``cold_l2``, ``timer``, ``repeats``."""
+    ``num_heads``, ``host_alloc``, ``id_sets``, ``cold_l2``, ``timer``, ``repeats``."""
     from .timer import measure
 
     device = torch.device(device)
@@ -314,7 +320,8 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
     with annotate(f"ceiling_{memory}_random_row"):
         meas = measure(run, device=device, policy=pol, cold_l2=bool(cold_l2), label=f"ceiling_{memory}_random_row")
     ms = meas.stats()["median_ms"]
-    return {"key": random_row_key(memory, table_bytes, row_bytes, ids, num_heads, rows), "memory": memory,
+    return {"key": random_row_key(memory, table_bytes, row_bytes, ids, num_heads, rows, host_alloc),
+            "memory": memory, "host_alloc": host_alloc,
             "ms": ms, "gbps": rows * row_bytes / (ms * 1e6), "rows_per_s": rows / (ms / 1e3), "rows": rows,
             "row_bytes": row_bytes, "table_bytes": table_bytes, "ids": ids, "num_heads": int(num_heads),
             "id_sets": len(sets), "cold_l2": meas.cold_l2, "timer": meas.timer, "repeats": len(meas.samples_ms)}
