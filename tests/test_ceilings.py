@@ -272,3 +272,31 @@ def test_a_pinned_table_on_other_pages_has_a_ceiling_of_its_own():
     rec = _lookup("pinned_uva", "uniform", 0.5, 30.0, memory="pinned")
     rec["random_row_ceiling"] = huge_key
     assert derive(rec, RUN_CEILINGS)["ceiling"] == "pinned_random_row"
+
+
+def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
+    """Under ``--profile-window`` / ``--torch-trace`` only the case's sampling phases are
+    windows: a ceiling measured inside the case opens none."""
+    from ple_bench.measure import profiler
+
+    seen = []
+    real = timer_mod.measure
+
+    def spy(fn, **kw):
+        seen.append((kw["label"], profiler.profiler_window_enabled(), profiler.torch_trace() is not None))
+        return real(fn, **kw)
+
+    monkeypatch.setattr(timer_mod, "measure", spy)
+    profiler.set_profiler_window(True)
+    trace = profiler.set_torch_trace(3)
+    try:
+        ceil.random_row_ceiling(torch.zeros(64, 4, dtype=torch.int64), [torch.arange(8)], "cpu", memory="host",
+                                policy=_policy())
+        ceil.host_gather_ceiling(torch.zeros(64, 4, dtype=torch.int64), 8, "cpu", policy=_policy(), warm=False)
+        # restored for the case's own measurements
+        assert profiler.profiler_window_enabled() and profiler.torch_trace() is trace
+    finally:
+        profiler.set_profiler_window(False)
+        profiler.set_torch_trace(None)
+    assert [s[0] for s in seen] == ["ceiling_host_random_row", "ceiling_host_gather"]
+    assert all(not window and not traced for _, window, traced in seen)

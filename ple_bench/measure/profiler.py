@@ -47,6 +47,20 @@ def profiler_window() -> Iterator[bool]:
         torch.cuda.profiler.stop()
 
 
+@contextlib.contextmanager
+def windows_suspended() -> Iterator[None]:
+    """No profiler window and no torch trace window opens inside: for measurements that
+    are not the case's (its ceilings), so that ``--profile-window`` / ``--torch-trace``
+    (and ncu / nsys behind them) see the case's sampling phases only."""
+    global _enabled, _torch_trace
+    saved = (_enabled, _torch_trace)
+    _enabled, _torch_trace = False, None
+    try:
+        yield
+    finally:
+        _enabled, _torch_trace = saved
+
+
 # ------------------------------------------------------ torch.profiler (Kineto)
 #: samples a torch trace window records by default (``run --torch-trace`` without N)
 DEFAULT_TORCH_TRACE_SAMPLES = 10
