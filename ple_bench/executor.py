@@ -403,11 +403,11 @@ class CaseExecutor:
         from .workload import make_ids, parse_ids_spec
 
         cpu = self.device.type != "cuda"
-        in_host = bool(getattr(type(backend), "table_in_host_memory", False))
+        in_host = bool(type(backend).table_in_host_memory)
         memory = "host" if cpu else "pinned" if in_host else "device"
         alloc = case.host_alloc if in_host and not cpu else "torch"
         ids = parse_ids_spec(case.ids).canonical
-        valid = getattr(getattr(backend, "shard", None), "num_valid", None) or backend.weight.shape[0]
+        valid = backend.shard.num_valid  # the shard's real rows (padding rows are never read)
         wanted = ceil.random_row_rows(rows, backend.row_bytes, case.num_heads, cpu=cpu)
         c = None
         # the case's own row count last: the case ran with it, so its buffers fit
