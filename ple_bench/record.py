@@ -182,7 +182,11 @@ FIELDS: tuple[Field, ...] = (
        derived=True),
     _f("compute_slowdown", "", "step",
        "compute_in_step_ms / compute_region_alone_ms - 1 (how much the side-stream lookup slows the compute "
-       "beside it); None without compute (compute_us = 0)", derived=True),
+       "beside it); None without compute (compute_us = 0), and None for a host path's eager step "
+       "(compute_slowdown_note says why: its compute is launched by the thread that does the lookup)",
+       derived=True),
+    _f("compute_slowdown_note", "", "step",
+       "why compute_slowdown is not given for this step (a host path's eager compute), else None"),
     _f("offload_overhead", "", "step",
        "step_ms / step_ms of offload_baseline - 1: against the like-for-like device-resident step"),
     _f("offload_baseline", "", "step", "the resident step offload_overhead is measured against ('device · <kernel>')"),
@@ -414,6 +418,8 @@ def _derive_step(rec: dict[str, Any], twins: Mapping[str, tuple[str, float]]) ->
     in_step, alone = _num(rec.get("compute_in_step_ms")), _num(rec.get("compute_region_alone_ms"))
     if not _num(rec.get("compute_us")):
         rec["compute_slowdown"] = None  # no compute: nothing to slow down
+    elif rec.get("compute_slowdown_note"):
+        rec["compute_slowdown"] = None  # launches, not the GPU, could be what is slow
     elif in_step is not None and alone is not None and alone > 0:
         rec["compute_slowdown"] = in_step / alone - 1.0
     elif rec.get("status") == "ok" and "compute_region_alone_ms" in rec:

@@ -556,6 +556,13 @@ def run_step_case(
     if sm_limit:
         rec["sm_limit_granted"] = backend.sm_limit_granted
         rec["green_via"] = backend.green_via
+    rec["compute_slowdown_note"] = None
+    if type(backend).blocks_host and case.graph == "eager" and case.compute_us:
+        # the thread that does the host lookup also launches the eager compute: a slower compute
+        # region could be late launches, not a slower GPU -- graph-replayed compute measures it
+        rec["compute_slowdown_note"] = (f"{case.impl} does its lookup on the host thread that launches the "
+                                        "eager compute; compute_slowdown is measured with graph-replayed "
+                                        "compute (graph = breakable)")
     return rec
 
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from ple_bench import record, results
 from ple_bench.case import Case
@@ -161,6 +162,40 @@ def test_compute_slowdown():
     assert rec["compute_slowdown"] == pytest.approx(0.11 / 0.10 - 1)
     none = derive(_step(False, 0.4, compute_us=0.0, compute_slowdown=0.3), CEILINGS)
     assert none["compute_slowdown"] is None  # no compute, nothing to slow down
+    host = derive(_step(False, 0.4, compute_slowdown_note="host path, eager compute"), CEILINGS)
+    assert host["compute_slowdown"] is None  # the regions are there, but launches could be what is late
+    graph = derive(_step(False, 0.4, compute_slowdown_note=None), CEILINGS)
+    assert graph["compute_slowdown"] == pytest.approx(0.1)
+
+
+def test_host_path_eager_steps_carry_the_compute_slowdown_note():
+    """A host path's eager step says why it has no compute_slowdown; its breakable step has one."""
+    from ple_bench.case import Case
+    from ple_bench.step import run_step_case
+    from ple_bench.backends import get_backend
+    from ple_bench.measure import TimingPolicy
+
+    pol = TimingPolicy(warmup_ms=0.0, min_samples=2, max_samples=3, min_time_s=0.0, max_time_s=0.2)
+    got = {}
+    for graph in ("eager", "breakable"):
+        case = Case(kind="step", impl="pinned_cpu_gather", vocab_size=4096, dim=16, dtype="fp8", num_heads=2,
+                    num_tokens=4, compute_us=20.0, prefetch=True, graph=graph, ids_on="host")
+        b = get_backend("pinned_cpu_gather")(4096, 16, dtype="fp8", num_heads=2, max_tokens=4, device="cpu")
+        b.fill_synthetic(5, scale=0.5)
+        try:
+            ids = torch.randint(0, 4096, (4, 2))
+            rec = run_step_case(case, b, ids, None, pol, "cpu", table_seed=5)
+        except NotImplementedError as exc:  # e.g. breakable graphs need CUDA
+            got[graph] = ("skipped", str(exc))
+            continue
+        finally:
+            b.close()
+        rec.update(case_id=f"step-{graph}", kind="step", status="ok", impl=case.impl, compute_us=20.0,
+                   prefetch=True, graph=graph)
+        got[graph] = derive(rec, CEILINGS)
+    assert "host thread" in got["eager"]["compute_slowdown_note"] and got["eager"]["compute_slowdown"] is None
+    if isinstance(got["breakable"], dict):
+        assert got["breakable"]["compute_slowdown_note"] is None
 
 
 def test_the_runner_puts_prefetch_off_first():
