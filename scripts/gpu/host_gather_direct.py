@@ -191,8 +191,35 @@ def main(argv=None) -> int:
             def select_only():
                 torch.index_select(table, 0, nxt().view(-1), out=staging)
 
+            def select_dstage():
+                torch.index_select(table, 0, nxt().view(-1), out=dstage)
+
+            def select_direct_table():
+                torch.index_select(st.table, 0, nxt().view(-1), out=staging)
+
+            def select_numthreads():
+                if torch.get_num_threads() == all_threads:
+                    torch.index_select(table, 0, nxt().view(-1), out=staging)
+
+            def select_thread_time():
+                t0 = time.thread_time()
+                torch.index_select(table, 0, nxt().view(-1), out=staging)
+                return time.thread_time() - t0
+
+            def select_reshape():
+                torch.index_select(table, 0, nxt().reshape(-1), out=staging)
+
+            def hand_alloc_out():
+                torch.empty(tokens, HEADS * DIM, dtype=b.storage_dtype, device=dev)
+                torch.index_select(table, 0, nxt().view(-1), out=staging)
+                dest.copy_(staging, non_blocking=True)
+
             for name, fn in (("hand_raw", hand_raw), ("hand_dstage", hand_dstage), ("hand_fresh", hand_fresh),
-                             ("direct_rows", rows_only), ("host_gather", gather_only), ("select_only", select_only)):
+                             ("direct_rows", rows_only), ("host_gather", gather_only), ("select_only", select_only),
+                             ("select_dstage", select_dstage), ("select_direct_table", select_direct_table),
+                             ("select_numthreads", select_numthreads), ("select_thread_time", select_thread_time),
+                             ("select_reshape", select_reshape), ("hand_alloc_out", hand_alloc_out),
+                             ("select_again", select_only)):
                 run(name, fn)
             from ple_bench import annotate as ann
             ann.set_enabled(False)
