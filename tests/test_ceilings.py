@@ -300,3 +300,19 @@ def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
         profiler.set_torch_trace(None)
     assert [s[0] for s in seen] == ["ceiling_host_random_row", "ceiling_host_gather"]
     assert all(not window and not traced for _, window, traced in seen)
+
+
+def test_the_archived_h200_run_presents_no_lookup_above_its_ceiling_as_fast():
+    """docs/runs/...-fa39 (session 4, default suite): every finding that quotes a share above 105 %
+    of a ceiling says in the same sentence that the ceiling does not bind."""
+    import re
+
+    from ple_bench.report.data import load_run
+    from ple_bench.report.findings import findings
+
+    run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-123806-default-fa39")
+    texts = [f.text for f in findings(run)]
+    above = [t for t in texts if any(float(m) > CEILING_SLACK_PCT for m in re.findall(r"(\d+(?:\.\d+)?)% of", t))]
+    assert above, "the run has two lookups above their ceiling (dedup, hot cache); the findings name them"
+    for t in above:
+        assert "does not bind" in t or "is wrong" in t, t

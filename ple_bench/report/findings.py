@@ -385,7 +385,8 @@ def path_ranking_findings(run: Run) -> list[Finding]:
         t0 = num(best.get("median_ms"))
         ceil = []
         if pct_of_ceiling(best) is not None:
-            ceil.append(f"{pct_of_ceiling(best):.0f}% of {best.get('ceiling')}")
+            ceil.append(f"{pct_of_ceiling(best):.0f}% of {best.get('ceiling')}"
+                        + (": that ceiling does not bind this path, it is wrong for it" if _exceeded(best) else ""))
         head = (f"{g.label}: fastest {path_of(best)}, {fmt(t0)} ms, {fmt(best.get('gbps'))} GB/s"
                 + (f" ({', '.join(ceil)})" if ceil else ""))
         rest = [f"{path_of(r)} {num(r.get('median_ms')) / t0:.2f}×" for r in g.records[1:]]
