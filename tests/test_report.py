@@ -394,3 +394,19 @@ def test_the_page_opens_with_the_verdict_three_plots_and_ten_findings(paths_repo
     assert '<details id="findings-details">' in html and html.count('<details open class="section">') >= 2
     keys = key_findings(found)
     assert [f.level for f in keys] == sorted((f.level for f in keys), key=lambda lv: lv != "warn")
+
+
+def test_the_verdict_plots_carry_step_time_vs_tokens_with_the_resident_baseline():
+    """On the archived production-table run (steps at 64/256/512 tokens): the top plots are the
+    step time vs tokens (the resident steps among its lines) and the exposed time vs compute."""
+    from pathlib import Path
+
+    from ple_bench.report.data import load_run
+    from ple_bench.report.html import key_plots
+    from ple_bench.report.plots import make_plots, plot_step_vs_tokens
+
+    run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-130202-paths-b4db")
+    plot = plot_step_vs_tokens(run)
+    assert plot is not None and plot.data_uri.startswith("data:image/png;base64,")
+    top = [p.key for p in key_plots(make_plots(run))]
+    assert "step_vs_tokens" in top and len(top) <= 3

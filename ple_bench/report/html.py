@@ -386,13 +386,15 @@ MAX_KEY_PLOTS = 3
 
 def key_plots(plots: Sequence[Any]) -> list[Any]:
     """The plots that carry the verdict, shown right under it (at most three): the row rate vs
-    table size with its ceilings, the decode step at the largest token count measured (step /
-    exposed time per path against compute, the resident step among them), lookup time vs tokens."""
+    table size with its ceilings; step time per path vs tokens with the resident baseline (lookup
+    time vs tokens where the run has no steps); exposed time vs compute per path at the largest
+    token count measured."""
     by_key = {p.key: p for p in plots}
     steps = sorted((p for p in plots if p.key.startswith("step_overlap_t")),
                    key=lambda p: int(p.key.rsplit("_t", 1)[1]))
-    chosen = [by_key.get("bandwidth_vs_table_bytes"), steps[-1] if steps else None,
-              by_key.get("latency_vs_tokens")]
+    chosen = [by_key.get("bandwidth_vs_table_bytes"),
+              by_key.get("step_vs_tokens") or by_key.get("latency_vs_tokens"),
+              steps[-1] if steps else None]
     return [p for p in chosen if p is not None][:MAX_KEY_PLOTS]
 
 def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",

@@ -418,6 +418,58 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     return out
 
 
+def plot_step_vs_tokens(run: Run) -> Plot | None:
+    """Decode-step time per path configuration vs tokens per step at the decode shape, one panel
+    per compute time (the two largest measured), the HBM-resident steps drawn thick and black:
+    where a pinned line meets the resident one, the table can leave HBM at that token count."""
+    recs, shape = decode_steps(run)
+    recs = [r for r in recs if num(r.get("step_ms")) is not None and num(r.get("compute_us"))]
+    computes = sorted({num(r.get("compute_us")) for r in recs})[-2:]
+    recs = [r for r in recs if num(r.get("compute_us")) in computes]
+    if len({num(r.get("num_tokens")) for r in recs}) < 2:
+        return None
+    axes_names = step_config_axes(recs)
+    colors = _path_colors(run)
+    fig = Figure(figsize=(5.4 * len(computes) + 6.4, 4.8), layout="constrained")
+    axes = list(fig.subplots(1, len(computes), squeeze=False)[0])
+    title = "Decode step vs tokens" + (f" ({shape})" if shape else "")
+    fig.suptitle(title + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12, x=0.02, ha="left",
+                 color="#a00" if run.functional else "black")
+    drawn = False
+    for ax, cu in zip(axes, computes):
+        series: dict[str, list[dict[str, Any]]] = {}
+        for r in recs:
+            if num(r.get("compute_us")) == cu:
+                series.setdefault(step_config_label(r, axes_names), []).append(r)
+        for si, (label, srs) in enumerate(sorted(series.items())):
+            pts = points(srs, "num_tokens", "step_ms")
+            if len(pts) < 2:
+                continue
+            declared = srs[0].get("table_in_host_memory")
+            resident = declared is False if declared is not None else srs[0].get("impl") == "device"
+            style = ({"color": "black", "linewidth": 2.6, "marker": MARKERS[si % len(MARKERS)], "markersize": 5,
+                      "linestyle": "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
+                     if resident else
+                     {"color": colors.get(path_of(srs[0]), "C0"), "marker": MARKERS[si % len(MARKERS)],
+                      "markersize": 5,
+                      "linestyle": _STEP_STYLES.get((bool(srs[0].get("prefetch")),
+                                                     str(srs[0].get("graph") or "eager")), "-")})
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label + (" (HBM-resident)" if resident else ""),
+                    **style)
+            drawn = True
+        ax.set_title(f"{fmt(cu)} µs of compute per step", fontsize=10)
+        _finish(ax, "tokens per step (log scale)", "step time (ms, log scale)", logx=True, logy=True, xbase=2)
+        if ax.get_legend():
+            ax.get_legend().remove()
+    if not drawn:
+        return None
+    _figure_legend(fig, axes)
+    caption = ("Median decode-step time per path configuration (path, prefetch, graph mode, where the ids are); "
+               "the thick black lines are the HBM-resident table (solid: ids on the device, dotted: on the host). A step timed on the host clock (host ids, "
+               "host paths) is compared with the resident step timed the same way.")
+    return Plot("step_vs_tokens", "Decode step vs tokens", caption, _to_uri(fig), section="overlap")
+
+
 def plot_topology(run: Run) -> Plot | None:
     recs = [r for r in run.ok if num(r.get("median_ms")) is not None]
     if len({topology(r) for r in recs}) < 2:
@@ -473,6 +525,7 @@ def make_plots(run: Run) -> list[Plot]:
         lambda: plot_topology(run),
         lambda: plot_paths(run),
         lambda: plot_step_overlap(run),
+        lambda: plot_step_vs_tokens(run),
     ]
     out = []
     for make in makers:

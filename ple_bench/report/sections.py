@@ -134,7 +134,7 @@ def decode_steps(run: Run) -> tuple[list[dict[str, Any]], str]:
 def step_config_axes(records: Sequence[dict[str, Any]]) -> list[str]:
     """Axes besides path that name a step configuration (only those that vary)."""
     out = ["prefetch"]
-    for axis in ("graph", "stream_priority", "grid_frac", "sm_limit", "ids", "cache_rows"):
+    for axis in ("graph", "ids_on", "stream_priority", "grid_frac", "sm_limit", "ids", "cache_rows"):
         if len({axis_value(r, axis) for r in records}) > 1:
             out.append(axis)
     return out
@@ -152,6 +152,8 @@ def step_config_label(record: dict[str, Any], axes: Sequence[str]) -> str:
             parts.append(f"prio {fmt(v)}")
         elif axis == "grid_frac":
             parts.append(f"grid {fmt(v)}")
+        elif axis == "ids_on":
+            parts.append(f"ids on {v or 'device'}")
         elif axis == "sm_limit":
             parts.append(f"{fmt(v)} SMs" if v else "all SMs")
         elif axis == "vocab_size":
