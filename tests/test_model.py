@@ -147,3 +147,20 @@ def test_advise_without_runs_runs_its_cases_and_on_a_cpu_ranks_nothing(tmp_path)
     assert all(r["status"] == "ok" and r["mode"] == "functional" for r in recs), \
         [(r["case_id"], r["status"], r["reason"]) for r in recs if r["status"] != "ok"]
     assert "not timings" in proc.stdout
+
+
+def test_a_prefetch_cannot_hide_the_etp_reduce():
+    """The all-reduce runs in finalize after the compute: a prefetched path whose local lookup is
+    fully hidden still exposes the whole reduce, and its step grows by exactly that much."""
+    from ple_bench.report.model import PathFit
+
+    fit = PathFit(key=("pinned_cpu_gather", "", True, "host", "breakable", "uniform", 0), c0=0.01, c1=1e-3, c2=0.0,
+                  l0=0.02, l1=1e-5, e0=0.0, e1=0.0, n=10, tables=(GIB, 64 * GIB), rows=(1024, 8192),
+                  computes=(50.0, 200.0), resident=False, host_gather=True, prefetch=True, row_bytes=160)
+    rates = Rates(reduce_alpha_ms=0.015, reduce_busbw_gbps=240.0)
+    one = predict(fit, rates, rows=4096, table_bytes=32 * GIB, compute_us=200.0)
+    four = predict(fit, rates, rows=4096, table_bytes=32 * GIB, compute_us=200.0, etp=4)
+    red = reduce_ms(rates, 4, 4 * 4096 * 160)
+    assert one.exposed_ms == pytest.approx(0.0)  # the local lookup hides behind 0.21 ms of compute
+    assert four.reduce_ms == pytest.approx(red) and four.exposed_ms == pytest.approx(red)
+    assert four.step_ms - four.compute_ms == pytest.approx(red)

@@ -364,10 +364,12 @@ def predict(fit: PathFit, rates: Rates, *, rows: int, table_bytes: int, compute_
     red = reduce_ms(rates, etp, etp * rows * fit.row_bytes, nodes, link_gbps, link_latency_us) if etp > 1 else 0.0
     if etp > 1:
         outside.append(f"ETP {etp}" + (f" over {nodes} nodes" if nodes > 1 else ""))
-    lookup = fit.l0 + per_row * rows + red
+    local = fit.l0 + per_row * rows
     compute = fit.c0 + fit.c1 * compute_us + fit.c2 * rows
-    exposed = _base_exposed(fit, lookup, compute) + fit.e0 + fit.e1 * rows
-    return Prediction(compute + exposed, compute, lookup, exposed, red, outside)
+    # the ETP all-reduce runs in finalize, on the main stream after the compute: a prefetch cannot
+    # hide it, so it adds to the exposed time of every path (the resident one included)
+    exposed = _base_exposed(fit, local, compute) + fit.e0 + fit.e1 * rows + red
+    return Prediction(compute + exposed, compute, local + red, exposed, red, outside)
 
 
 # ------------------------------------------------------------------ the model and its error
