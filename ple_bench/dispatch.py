@@ -68,11 +68,9 @@ class CaseDispatcher:
             found = dict(reply[1].get("ceilings") or {})
             if not need_single:
                 found = {k: v for k, v in found.items() if k.startswith("allreduce")}
-            ceilings.update(found)
-            self.meta["ceilings"] = ceilings
-            if reply[1].get("device") and not self.meta.get("device"):
-                self.meta["device"] = reply[1]["device"]
-            self.writer.update_meta(ceilings=ceilings, device=self.meta.get("device"))
+            from .provenance import add_measured
+
+            add_measured(self.writer, self.meta, ceilings=found, device=reply[1].get("device"))
         else:
             print(f"warning: ceilings not measured: {reply[1]}", file=sys.stderr)
 

@@ -4,8 +4,8 @@
 host, GPUs, how the ranks were launched, the timing policy, the command line), :func:`resume_meta`
 reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  While the run goes on,
 facts measured on the ranks are added to the same file as they become known, through
-``RunWriter.update_meta``: the physical ceilings and the device (``dispatch`` for ple_bench's own
-workers, ``torchrun_protocol`` under torchrun, which also adds every rank), and the per-case
+:func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
+own workers, by ``torchrun_protocol`` under torchrun, which also adds every rank), and the per-case
 ceilings of the records -- host-gather, random-row (:func:`_keep_host_gather_ceiling`, called by the
 suite loop)."""
 
@@ -104,6 +104,26 @@ def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reas
     extra = {"abort_reason": abort_reason} if abort_reason else {}
     return writer.update_meta(ended_at=now_iso(), status=status,
                               ceilings=meta.get("ceilings"), device=meta.get("device"), **extra)
+
+
+def add_measured(writer: RunWriter, meta: dict[str, Any], *, ceilings: dict[str, Any] | None = None,
+                 device: Any = None, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Facts measured on the ranks while the run goes on, merged into ``meta`` and written to
+    ``meta.json``: physical ceilings (merged into those already known), the device (kept once
+    known), every rank (under torchrun).  The dispatcher and the torchrun protocol call this; no
+    module but this one writes ``meta.json``."""
+    fields: dict[str, Any] = {}
+    if ceilings:
+        merged = dict(meta.get("ceilings") or {})
+        merged.update(ceilings)
+        meta["ceilings"] = fields["ceilings"] = merged
+    if device and not meta.get("device"):
+        meta["device"] = fields["device"] = device
+    if ranks is not None:
+        meta["ranks"] = fields["ranks"] = ranks
+    if fields:
+        writer.update_meta(**fields)
+    return meta
 
 
 def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:

@@ -89,34 +89,36 @@ class TorchrunRanks:
         self.inproc = CaseExecutor(rank=rank, world_size=world, device=device)
         info: dict[str, Any] = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
                                 "host": socket.gethostname(), "device": str(device)}
+        found: dict[str, Any] = {}  # rank 0: ceilings measured now, written with the ranks below
+        found_device = None
         if rank == 0:
             from .measure import device_info, measure_ceilings
 
             if not self.meta.get("ceilings"):
                 try:
-                    self.meta["ceilings"] = measure_ceilings(device)
+                    found = measure_ceilings(device)
                 except Exception as exc:  # noqa: BLE001 - a run without ceilings is still a run
                     print(f"warning: ceilings not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
-                    self.meta["ceilings"] = {}
             if not self.meta.get("device"):
-                self.meta["device"] = device_info(device)
-            info["need_allreduce"] = f"allreduce_busbw_gbps_w{world}" not in (self.meta.get("ceilings") or {})
+                found_device = device_info(device)
+            known = {**(self.meta.get("ceilings") or {}), **found}
+            info["need_allreduce"] = f"allreduce_busbw_gbps_w{world}" not in known
         if world > 1:
             everyone: list = [None] * world
             dist.all_gather_object(everyone, info, group=self.agree_group)  # also waits for rank 0's ceilings
             if everyone[0].get("need_allreduce"):
                 from .worker import _allreduce_busbw
 
-                found = _allreduce_busbw(device, world)
+                busbw = _allreduce_busbw(device, world)
                 if rank == 0:
-                    self.meta.setdefault("ceilings", {}).update(found)
+                    found.update(busbw)
             ranks = [{k: v for k, v in e.items() if k != "need_allreduce"} for e in everyone]
         else:
             ranks = [{k: v for k, v in info.items() if k != "need_allreduce"}]
         if rank == 0:
-            self.meta["ranks"] = ranks
-            self.writer.update_meta(ceilings=self.meta.get("ceilings"), device=self.meta.get("device"),
-                                    ranks=ranks)
+            from .provenance import add_measured
+
+            add_measured(self.writer, self.meta, ceilings=found, device=found_device, ranks=ranks)
 
     def run_case(self, case: Case, policy) -> dict[str, Any]:
         """Under torchrun: this process is one rank; every rank runs the same cases

@@ -357,3 +357,19 @@ def test_the_base_module_lists_what_it_declares():
     for name in list(CAPABILITIES)[1:] + ["slot_size", "gather_ids", "local_lookup", "reduce_rows",
                                           "prefetch_buffer", "grid_cap", "stats"]:
         assert name in doc, name
+
+
+def test_only_provenance_writes_meta_json():
+    """meta.json has one writer: ple_bench/provenance.py (RunWriter in results.py owns the file).
+    Every other module hands what it measured to provenance.add_measured."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "ple_bench"
+    writers = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name in ("provenance.py", "results.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("update_meta", "write_meta"):
+                writers.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not writers, writers
