@@ -28,37 +28,20 @@ def loaded_libcudart() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def memcpy_async() -> Any | None:
-    """ctypes ``cudaMemcpyAsync(dst, src, count, kind, stream)``, or None (no
-    libcudart loaded, or ``PLE_BENCH_RAW_CUDART=0``)."""
-    if os.environ.get("PLE_BENCH_RAW_CUDART") == "0":
-        return None
-    path = loaded_libcudart()
-    if path is None:
-        return None
-    try:
-        fn = ctypes.CDLL(path).cudaMemcpyAsync
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-@functools.lru_cache(maxsize=1)
 def runtime() -> Any | None:
     """The loaded libcudart as a ctypes library with the few calls the host paths
-    make typed (event create / record / synchronize / destroy, stream wait), or
-    None (no libcudart loaded, or ``PLE_BENCH_RAW_CUDART=0``)."""
+    make typed (``cudaMemcpyAsync``; event create / record / synchronize / destroy,
+    stream wait), or None (no libcudart loaded, or ``PLE_BENCH_RAW_CUDART=0``)."""
     if os.environ.get("PLE_BENCH_RAW_CUDART") == "0":
         return None
     path = loaded_libcudart()
     if path is None:
         return None
+    vp, i = ctypes.c_void_p, ctypes.c_int
     try:
         lib = ctypes.CDLL(path)
-        vp, i = ctypes.c_void_p, ctypes.c_int
-        for name, args in (("cudaEventCreateWithFlags", [ctypes.POINTER(vp), ctypes.c_uint]),
+        for name, args in (("cudaMemcpyAsync", [vp, vp, ctypes.c_size_t, i, vp]),
+                           ("cudaEventCreateWithFlags", [ctypes.POINTER(vp), ctypes.c_uint]),
                            ("cudaEventRecord", [vp, vp]), ("cudaEventSynchronize", [vp]),
                            ("cudaEventDestroy", [vp]), ("cudaStreamWaitEvent", [vp, vp, ctypes.c_uint])):
             fn = getattr(lib, name)
@@ -67,6 +50,12 @@ def runtime() -> Any | None:
     except (OSError, AttributeError):
         return None
     return lib
+
+
+def memcpy_async() -> Any | None:
+    """ctypes ``cudaMemcpyAsync(dst, src, count, kind, stream)`` of :func:`runtime`, or None."""
+    lib = runtime()
+    return lib.cudaMemcpyAsync if lib is not None else None
 
 
 def _check(err: int, what: str) -> None:

@@ -23,7 +23,7 @@ from typing import Sequence
 import torch
 
 from ..annotate import annotate
-from .cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_async, memcpy_h2d_raw, runtime
+from .cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_h2d_raw, runtime
 from .formats import int_view
 from .host_prefetch import HostPathEmbedding, StagingBuffer
 from .pinned import PinnedUVAEmbedding
@@ -141,7 +141,7 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             static = self._direct_static = (
                 self.host_prefetch == "deferred" and topo.replicas == 1 and topo.etp == 1
                 and self.groups.etp_group is None
-                and (self.functional or (memcpy_async() is not None and runtime() is not None)))
+                and (self.functional or runtime() is not None))
         if not static:
             return False
         return self.functional or not torch.cuda.is_current_stream_capturing()
