@@ -17,10 +17,11 @@ import torch
 
 from ple_bench.backends import copy_engine as ce
 from ple_bench.backends.copy_engine import PinnedCopyEngineEmbedding
-from ple_bench.backends.formats import DTYPES, int_view
+from ple_bench.backends.formats import DTYPES
 from ple_bench.backends.pinned import PinnedUVAEmbedding
-from ple_bench.backends.synthetic import synthetic_rows
 from ple_bench.parallel import Groups, Topology
+from tests.gpu._helpers import event_ms, same, sharing
+from tests.gpu._helpers import expected as _expected
 
 pytestmark = pytest.mark.gpu
 
@@ -34,20 +35,8 @@ def _mechanisms() -> list[str]:
     return ce.candidate_mechanisms(ce.load_runtime())[0]
 
 
-def expected(ids: torch.Tensor, dim: int, dtype: torch.dtype, start: int, end: int) -> torch.Tensor:
-    flat = ids.reshape(-1)
-    rows = int_view(synthetic_rows(flat, dim, SEED, dtype))
-    owned = (flat >= start) & (flat < end)
-    return torch.where(owned.unsqueeze(1), rows, torch.zeros_like(rows))
-
-
-def same(rows: torch.Tensor, want: torch.Tensor) -> bool:
-    return torch.equal(int_view(rows).reshape(want.shape), want)
-
-
-def sharing(cls: type, weight: torch.Tensor) -> type:
-    """``cls`` whose table is ``weight`` (one pinned table shared by several paths)."""
-    return type(f"Shared{cls.__name__}", (cls,), {"allocate_table": lambda self, r, d, dt: weight})
+def expected(ids, dim, dtype, start, end):
+    return _expected(ids, dim, dtype, start, end, SEED)
 
 
 def _require(mech: str) -> None:
@@ -120,19 +109,6 @@ def test_issue_copies_alone_writes_the_rows(mech):
     base.close()
 
 
-def _event_ms(fn, iters: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        z.synchronize()
-        times.append(a.elapsed_time(z))
-    return statistics.median(times)
-
 
 def test_copy_engines_do_not_slow_the_compute_beside_them():
     """A bf16 matmul chain on the main stream, alone and with the row copies on a side stream (both
@@ -160,7 +136,7 @@ def test_copy_engines_do_not_slow_the_compute_beside_them():
             return y
 
         chain(3)
-        comp1 = _event_ms(lambda: chain(1), 10)
+        comp1 = event_ms(lambda: chain(1), 10)
         a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(1000)
         a.record()

@@ -9,7 +9,6 @@ more than threefold.  Skipped with the reason where no way to make a green conte
 
 from __future__ import annotations
 
-import statistics
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from ple_bench.backends import green
 from ple_bench.backends.formats import int_view
 from ple_bench.backends.pinned import PinnedUVAEmbedding
 from ple_bench.backends.synthetic import synthetic_rows
+from tests.gpu._helpers import event_ms
 
 pytestmark = pytest.mark.gpu
 
@@ -110,22 +110,6 @@ def test_lookups_on_a_16_sm_green_stream_bit_exact(kernel):
         b.close()
 
 
-def _event_ms(fn, stream, iters: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        with torch.cuda.stream(stream):
-            fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            a.record(stream)
-            fn()
-            z.record(stream)
-        z.synchronize()
-        times.append(a.elapsed_time(z))
-    return statistics.median(times)
-
 
 def test_the_limit_slows_a_matmul_chain(way):
     a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
@@ -140,8 +124,8 @@ def test_the_limit_slows_a_matmul_chain(way):
 
     gstream, handle = green.green_stream(DEV, 16)
     try:
-        t_norm = _event_ms(chain, torch.cuda.Stream(device=DEV), 5)
-        t_green = _event_ms(chain, gstream, 3)
+        t_norm = event_ms(chain, 5, stream=torch.cuda.Stream(device=DEV), warmup=2)
+        t_green = event_ms(chain, 3, stream=gstream, warmup=2)
     finally:
         torch.cuda.synchronize(DEV)
         handle.close()

@@ -15,7 +15,6 @@ a 640 MiB fp8 dim-160 table, 16 heads, 512 tokens of random ids:
 
 from __future__ import annotations
 
-import statistics
 import types
 
 import pytest
@@ -23,6 +22,7 @@ import torch
 
 from ple_bench import executor
 from ple_bench.backends import fast_kernels, get_backend, synthetic_rows
+from tests.gpu._helpers import event_ms
 
 pytestmark = pytest.mark.gpu
 
@@ -35,20 +35,6 @@ PATHS = [
     ("device", "triton_tuned", {}),
     ("pinned_hot_cache", "triton_tuned", {"cache_rows": 1 << 16}),
 ]
-
-
-def event_ms(fn, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        z.synchronize()
-        times.append(a.elapsed_time(z))
-    return statistics.median(times)
 
 
 @pytest.mark.parametrize("impl,kernel,kwargs", PATHS, ids=[f"{i}-{k}" for i, k, _ in PATHS])

@@ -19,6 +19,8 @@ from ple_bench.backends.formats import DTYPES, int_view
 from ple_bench.backends.pinned import PinnedUVAEmbedding
 from ple_bench.backends.synthetic import synthetic_rows
 from ple_bench.parallel import Groups, Topology
+from tests.gpu._helpers import same, sharing
+from tests.gpu._helpers import expected as _expected
 
 pytestmark = pytest.mark.gpu
 
@@ -35,20 +37,8 @@ PATHS: dict[str, tuple[type, dict]] = {
 }
 
 
-def sharing(cls: type, weight: torch.Tensor) -> type:
-    """``cls`` whose table is ``weight`` (one pinned table shared by every path)."""
-    return type(f"Shared{cls.__name__}", (cls,), {"allocate_table": lambda self, r, d, dt: weight})
-
-
-def expected(ids: torch.Tensor, dim: int, dtype: torch.dtype, start: int, end: int) -> torch.Tensor:
-    flat = ids.reshape(-1)
-    rows = int_view(synthetic_rows(flat, dim, SEED, dtype))
-    owned = (flat >= start) & (flat < end)
-    return torch.where(owned.unsqueeze(1), rows, torch.zeros_like(rows))
-
-
-def same(rows: torch.Tensor, want: torch.Tensor) -> bool:
-    return torch.equal(int_view(rows).reshape(want.shape), want)
+def expected(ids, dim, dtype, start, end):
+    return _expected(ids, dim, dtype, start, end, SEED)
 
 
 CASES = [(d, dim, "single", 0) for d in DTYPES for dim in (80, 160, 128, 1280)] + \
