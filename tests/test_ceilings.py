@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -237,15 +236,9 @@ ids = ["uniform", "zipf:1.1"]
 
 
 def test_a_functional_run_keeps_its_random_row_ceilings_in_meta(tmp_path):
-    from tests.test_cli import cli
+    from tests.test_cli import run_suite_text
 
-    path = tmp_path / "rr.toml"
-    path.write_text(SUITE)
-    res = tmp_path / "results"
-    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run_dir,) = list(results.iter_run_dirs(res))
-    meta = json.loads((Path(run_dir) / "meta.json").read_text())
+    run_dir, meta = run_suite_text(tmp_path, SUITE)
     table = meta["ceilings"]["random_row"]
     assert meta["ceilings"]["host_memcpy_gbps"] > 0 and meta["ceilings"]["host_gather"]
     # one per (memory, table, row, distribution): in functional mode the device and pinned tables

@@ -40,6 +40,20 @@ def _only_run(results_dir: Path) -> Path:
     return runs[0]
 
 
+def run_suite_text(tmp_path: Path, text: str) -> tuple[Path, dict]:
+    """``python -m ple_bench run`` of a suite given as TOML text (no report); its one run
+    folder and its ``meta.json``."""
+    import json
+
+    path = tmp_path / "suite.toml"
+    path.write_text(text)
+    res = tmp_path / "results"
+    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = Path(_only_run(res))
+    return run_dir, json.loads((run_dir / "meta.json").read_text())
+
+
 SUITE = """
 [suite]
 description = "test suite"

@@ -6,7 +6,6 @@ copy, the axis is validated, the host-gather ceiling reaches records and
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -183,15 +182,9 @@ prefetch = ["off", "on"]
 
 
 def test_run_keeps_the_host_gather_ceiling_in_meta(tmp_path):
-    from tests.test_cli import cli
+    from tests.test_cli import run_suite_text
 
-    path = tmp_path / "h.toml"
-    path.write_text(SUITE)
-    res = tmp_path / "results"
-    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run_dir,) = list(results.iter_run_dirs(res))
-    meta = json.loads((Path(run_dir) / "meta.json").read_text())
+    run_dir, meta = run_suite_text(tmp_path, SUITE)
     table = meta["ceilings"]["host_gather"]
     assert list(table) == [f"{1024 * 16}:8:16"]  # one table, 4 tokens x 2 heads, 16-byte fp8 rows
     recs = results.load_records(run_dir)
