@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv (or $PLE_BENCH_VENV) and install ple_bench with its test extras.
+# Create .venv (or use $PLE_BENCH_VENV, else an activated virtualenv) and install ple_bench with its test extras.
 # torch is pinned to 2.13.0 on machines without a GPU: that CPU build lies on the
 # CPU machines' disk; an unpinned torch would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${PLE_BENCH_VENV:-.venv}"
+VENV="${PLE_BENCH_VENV:-${VIRTUAL_ENV:-.venv}}"  # an activated virtualenv is used as it is
 PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-VENV="${PLE_BENCH_VENV:-.venv}"
+VENV="${PLE_BENCH_VENV:-${VIRTUAL_ENV:-.venv}}"
 exec "$VENV/bin/python" -m pytest -q "$@"
