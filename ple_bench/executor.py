@@ -476,6 +476,8 @@ class CaseExecutor:
         stats = backend.stats()
         if "hit_rate" in stats:
             out["cache_hit_rate"] = stats["hit_rate"]
+        if "gather_impl" in stats:
+            out["gather_impl"] = stats["gather_impl"]
         return out
 
     def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:

@@ -150,6 +150,10 @@ FIELDS: tuple[Field, ...] = (
     _f("lookup_pct_of_host_gather_ceiling", "%", "step", "100 x host_gather_ceiling_ms / lookup_ms"),
     _f("host_thread_ms", "ms", "all", "CPU time of the path's own host threads per lookup"),
     _f("cache_hit_rate", "", "all", "hot-row cache: share of rows served from the GPU cache (0..1)"),
+    _f("gather_impl", "", "all",
+       "pinned_cpu_gather: the code that ran its gather and copy -- native (one C++ call: "
+       "backends/native/host_gather.cpp), python (the same steps from Python: no compiler or ninja, "
+       "or PLE_BENCH_NATIVE=0), general (the ETP / DP / threaded path)"),
     # multi-rank
     _f("gather_ms", "ms", "lookup", "all-gather of the DP ranks' ids"),
     _f("gather_bytes", "B", "lookup", "bytes the id all-gather moves"),

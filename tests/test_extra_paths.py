@@ -326,6 +326,7 @@ def test_cpu_gather_prefetch_then_finalize_and_threads(monkeypatch):
     main_threads = torch.get_num_threads()
     b = PinnedCPUGatherEmbedding(VOCAB, 32, dtype="fp8", num_heads=2, max_tokens=30, device="cpu",
                                  gather_threads=4)
+    b.native = False  # the spy sees the Python steps' index_select (the native call is checked below)
     full = random_table(VOCAB, 32, b.storage_dtype, seed=21)
     b.load_full_table(full)
     first = make_ids(30, 0, VOCAB, seed=1)
@@ -346,6 +347,15 @@ def test_cpu_gather_prefetch_then_finalize_and_threads(monkeypatch):
     assert seen and set(seen) == {4}, seen  # one level of parallelism: 4 threads, every gather
     assert torch.get_num_threads() == main_threads
     b.close()
+    monkeypatch.undo()
+    _native_or_skip()
+    n = PinnedCPUGatherEmbedding(VOCAB, 32, dtype="fp8", num_heads=2, max_tokens=30, device="cpu",
+                                 gather_threads=main_threads + 3)
+    n.load_full_table(full)
+    assert torch.equal(int_view(n.lookup(second)), reference(full, second, 0, VOCAB).reshape(30, 2 * 32))
+    assert n.stats()["gather_impl"] == "native"
+    assert torch.get_num_threads() == main_threads  # the C++ call gives the caller's thread count back
+    n.close()
 
 
 def test_cpu_gather_default_threads_and_bad_value():
@@ -358,6 +368,7 @@ def test_cpu_gather_default_threads_and_bad_value():
 def test_cpu_gather_surfaces_worker_errors():
     b = PinnedCPUGatherEmbedding(VOCAB, 8, dtype="fp32", max_tokens=4, device="cpu")
     b.load_full_table(random_table(VOCAB, 8, torch.float32, seed=1))
+    b.native = False  # the Python steps call host_gather (the native call's errors: the direct-path test)
 
     def boom(*a, **k):
         raise RuntimeError("gather failed")
@@ -398,16 +409,29 @@ def test_executor_hot_cache_hits_on_fresh_zipf_id_sets():
     assert uniform["cache_hit_rate"] < 0.1  # 1 % of the rows cached: uniform ids rarely hit
 
 
+def _native_or_skip():
+    """The native module; a skip only where this machine cannot build it (no compiler or
+    ninja, or switched off), a failure where the build itself fails."""
+    from ple_bench.backends.native import host_gather_module, native_status
+
+    if host_gather_module() is None:
+        if native_status().startswith("build failed"):
+            pytest.fail(native_status())
+        pytest.skip(f"native host gather: {native_status()}")
+
+
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
 def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
-    """The direct path (one rank, host ids, deferred) and the general one give the
-    same bytes for lookup, prefetch into a fresh output and prefetch into ``out=``."""
+    """The direct path (one rank, host ids, deferred) -- in one C++ call and in its
+    Python steps -- and the general one give the same bytes for lookup, prefetch into
+    a fresh output and prefetch into ``out=``."""
+    _native_or_skip()
     heads, dim, tokens = 3, 8, 5
     paths = []
-    for direct in (True, False):
+    for direct, native in ((True, True), (True, False), (False, False)):
         b = PinnedCPUGatherEmbedding(VOCAB, dim, dtype="fp8", num_heads=heads, max_tokens=tokens, device="cpu")
         b.fill_synthetic(7, scale=0.5)
-        b.direct = direct
+        b.direct, b.native = direct, native
         paths.append(b)
     gen = torch.Generator().manual_seed(3)
     for _ in range(3):
@@ -423,12 +447,20 @@ def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
             q = b.finalize(out=out)
             assert q is out
             got.append([t.view(torch.uint8).clone() for t in (a, p, q)])
-        w = paths[1].weight
+        w = paths[2].weight
         ref = w.view(torch.uint8).view(w.shape[0], -1)[ids.reshape(-1).long()].reshape(tokens, -1)
         for results in got:
             for t in results:
                 assert torch.equal(t, ref)
-    assert paths[0].host_thread_s > 0  # the direct path counts its host work too
+    assert [b.stats()["gather_impl"] for b in paths] == ["native", "python", "general"]
+    assert paths[0].host_thread_s > 0 and paths[1].host_thread_s > 0  # the direct path counts its host work too
+    for b in paths[:2]:  # an id past the allocated table is refused, not read, in a lookup and a prefetch
+        bad = torch.full((tokens, heads), paths[0].weight.shape[0], dtype=id_dtype)
+        with pytest.raises(IndexError):
+            b.lookup(bad)
+        b.start_prefetch(bad)
+        with pytest.raises(IndexError):
+            b.finalize()
     with pytest.raises(ValueError, match="contiguous"):
         paths[0].start_prefetch(ids)
         paths[0].finalize(out=torch.empty(tokens, heads * dim + 1, dtype=paths[0].storage_dtype))

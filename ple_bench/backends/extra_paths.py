@@ -17,6 +17,7 @@ hot cache's kernel; the CPU gather, which runs no kernel, refuses it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from typing import Sequence
 
@@ -27,6 +28,7 @@ from .cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_h2d_
 from .formats import int_view
 from .host_prefetch import HostPathEmbedding, StagingBuffer
 from .pinned import PinnedUVAEmbedding
+from .native import host_gather_module
 from .registry import register_backend
 
 #: most host threads a gather uses by default (beyond this a decode-size gather gains nothing)
@@ -88,6 +90,22 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         self._direct_static: bool | None = None  # the call-independent part of _direct_ok
         #: the direct path (see :meth:`_direct_ok`); False forces the general one (for A/B checks)
         self.direct = True
+        self._native = True
+
+    @property
+    def native(self) -> bool:
+        """The direct path in one C++ call where it builds (:mod:`.native`); False: its
+        Python steps (for A/B checks; a change rebuilds the direct path's state)."""
+        return self._native
+
+    @native.setter
+    def native(self, value: bool) -> None:
+        if bool(value) != self._native:
+            self._native = bool(value)
+            self._direct_pending = None
+            if self._direct_state is not None:
+                self._direct_state.close()
+                self._direct_state = None
 
     def host_thread_initializer(self):
         n = self.gather_threads
@@ -156,12 +174,22 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         """Rows of host ``ids`` into ``out`` (contiguous ``[tokens, heads*dim]`` or
         ``[tokens, heads, dim]``): one ``index_select`` into pinned staging, one raw
         host->device copy on ``stream_handle`` (on the host: straight into ``out``).
-        The gather is written out here (not through :meth:`host_gather`): on the
-        lent H200 host every Python layer around a 1 K-row gather costs microseconds
-        that the hand version does not pay (scripts/gpu/host_gather_direct.py)."""
+        One C++ call where the native module is built (native/host_gather.cpp);
+        else the same steps from Python, written out here (not through
+        :meth:`host_gather`): on the lent H200 hosts every Python layer around a
+        1 K-row gather costs microseconds that the hand version does not pay
+        (scripts/gpu/host_gather_direct.py)."""
         st = self._direct()
         flat = ids.reshape(-1)
         n = flat.numel()
+        nat = st.native
+        if nat is not None:
+            if n > st.capacity:
+                st.grow(n)
+            spent = nat.rows(ids, out, stream_handle or 0)
+            with self._host_time_lock:
+                self.host_thread_s += spent
+            return
         if self.functional:
             self.host_gather(flat, out.view(torch.uint8).view(n, -1))
             return
@@ -186,10 +214,26 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         self._check_ids(ids)
         if dp_token_counts is not None:
             self.slot_size(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
-        out = torch.empty(ids.shape[0], self.num_heads * self.embedding_dim, dtype=self.storage_dtype,
-                          device=self.device)
+        st = self._direct()
+        nat = st.native
         with annotate("lookup", color="green"):
+            if nat is not None and ids.numel() <= st.capacity:  # one C++ call, the output allocated there
+                out = nat.lookup(ids, 0 if self.functional else current_stream_handle(self.device.index))
+                with self._host_time_lock:
+                    self.host_thread_s += nat.last_s()
+                return out
+            out = torch.empty(ids.shape[0], self.num_heads * self.embedding_dim, dtype=self.storage_dtype,
+                              device=self.device)
             self._direct_rows(ids, out, None if self.functional else current_stream_handle(self.device.index))
+        return out
+
+    def stats(self) -> dict:
+        """``gather_impl``: which code ran the direct path's gather and copy (``native``:
+        one C++ call, ``python``: the same steps from Python), or ``general`` where no
+        call took the direct path (see :meth:`_direct_ok`)."""
+        out = dict(super().stats())
+        st = self._direct_state
+        out["gather_impl"] = "general" if st is None else ("native" if st.native is not None else "python")
         return out
 
     def start_prefetch(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None) -> None:
@@ -252,8 +296,10 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
 
 
 class _DirectState:
-    """What the direct path keeps between calls: the table's byte view, the pinned staging buffer (sized for ``prefetch_rows`` x heads rows, views cached per row
-    count) and the raw events that order it."""
+    """What the direct path keeps between calls: the table's byte view, the pinned
+    staging buffer (sized for ``prefetch_rows`` x heads rows, views cached per row
+    count), the raw events that order it, and the native ``HostGather`` that does
+    a call's whole work in C++ where it is built (None: the Python steps)."""
 
     def __init__(self, path: PinnedCPUGatherEmbedding) -> None:
         self.table = path._table_bytes()
@@ -271,6 +317,32 @@ class _DirectState:
             if path._stream is None:
                 path._stream = path._new_side_stream()
             self.side_handle = path._stream.cuda_stream
+        self.native = None
+        mod = host_gather_module() if path.native else None
+        if mod is not None:
+            if self.functional:
+                fns, event = (0, 0, 0), 0
+            else:
+                rt = runtime()
+                fns = tuple(ctypes.cast(f, ctypes.c_void_p).value
+                            for f in (rt.cudaMemcpyAsync, rt.cudaEventRecord, rt.cudaEventSynchronize))
+                event = self.copied.handle
+            self.native = mod.HostGather(self.table, path.storage_dtype, str(path.device),
+                                         path.num_heads * path.embedding_dim, path.gather_threads, *fns, event)
+            if not self.functional:
+                self.grow(self._capacity)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the native path's staging holds (any count on the host, which stages nothing)."""
+        return self._capacity if not self.functional else 1 << 62
+
+    def grow(self, rows: int) -> None:
+        """The native path's staging, ``rows`` rows at least (after the last copy out of the old one)."""
+        self.native.wait()
+        self._capacity = max(self._capacity, rows)
+        self._buf = torch.empty(self._capacity, self.row_bytes, dtype=torch.uint8, pin_memory=True)
+        self.native.set_staging(self._buf)
 
     def staging(self, rows: int) -> torch.Tensor:
         if self.in_use:
@@ -287,10 +359,13 @@ class _DirectState:
 
     def close(self) -> None:
         if not self.functional:
-            if self.in_use:
+            if self.native is not None:
+                self.native.wait()
+            elif self.in_use:
                 self.copied.synchronize()
             for ev in (self.copied, self.main_mark, self.side_done):
                 ev.close()
+        self.native = None
         self._views.clear()
         self._buf = None
         self.table = None

@@ -14,7 +14,8 @@ count, on a pinned table of ``--table-gib`` (exact pinning):
   ceiling         ``measure.host_gather_ceiling`` as the engine now records it (``ms``: through
                   ``measure``, host-sync timer, the policy's L2 setting)
   general         ``lookup`` through the general path (``direct = False``)
-  direct          ``lookup`` through the direct path (one index_select, raw copy, raw event)
+  direct          ``lookup`` through the direct path in one C++ call (native/host_gather.cpp)
+  direct_python   the direct path's Python steps (one index_select, raw copy, raw event)
   direct_tT       the direct path with ``gather_threads = T``
   pf_general / pf_direct   start_prefetch + finalize(out=) (the step's lookup body)
   spin            a 200 us GPU spin alone; ov_general / ov_direct: start_prefetch, the
@@ -141,21 +142,30 @@ def main(argv=None) -> int:
             b.direct = False
             ref = b.lookup(ids).view(torch.uint8).clone()
             b.direct = True
-            got = b.lookup(ids).view(torch.uint8)
-            out.view(torch.uint8).fill_(0x7F)
-            b.start_prefetch(ids)
-            pf = b.finalize(out=out).view(torch.uint8)
+            for native in (True, False):
+                b.native = native
+                got = b.lookup(ids).view(torch.uint8)
+                out.view(torch.uint8).fill_(0x7F)
+                b.start_prefetch(ids)
+                pf = b.finalize(out=out).view(torch.uint8)
+                torch.cuda.synchronize()
+                if not (torch.equal(got, ref) and torch.equal(pf, ref)):
+                    print(f"MISMATCH at {rows} rows (native={native})", flush=True)
+                    return 1
             torch.index_select(table, 0, ids.view(-1), out=staging)
             dest.copy_(staging)
-            if not (torch.equal(got, ref) and torch.equal(pf, ref) and torch.equal(dest.view(tokens, -1), ref)):
-                print(f"MISMATCH at {rows} rows", flush=True)
+            if not torch.equal(dest.view(tokens, -1), ref):
+                print(f"MISMATCH at {rows} rows (hand)", flush=True)
                 return 1
+        b.native = True
+        report["gather_impl"] = b.stats()["gather_impl"]
         torch.cuda.synchronize()
 
         res: dict = {}
 
-        def run(name, fn, direct=True, gather_threads=None):
+        def run(name, fn, direct=True, gather_threads=None, native=True):
             b.direct = direct
+            b.native = native
             b.gather_threads = gather_threads or all_threads
             m = measure(fn, device=dev, policy=policy, cold_l2=True, label=name, host_sync=True)
             st = m.stats()
@@ -235,15 +245,18 @@ def main(argv=None) -> int:
         res["ceiling"] = {"median_ms": cb["ms"], "samples": cb["repeats"]}  # host_sync, cold L2: the cases' harness
         run("general", lookup, direct=False)
         run("direct", lookup)
+        run("direct_python", lookup, native=False)
         for t in threads:
             run(f"direct_t{t}", lookup, gather_threads=t)
         run("pf_general", prefetch, direct=False)
         run("pf_direct", prefetch)
+        run("pf_direct_python", prefetch, native=False)
         if rows <= 8192:
             run("spin", spin)
             run("ov_general", overlap, direct=False)
             run("ov_direct", overlap)
         b.direct = True
+        b.native = True
         b.gather_threads = all_threads
         report["rows"][rows] = res
         line = " ".join(f"{k}={v['median_ms']:.4f}" for k, v in res.items())
@@ -256,7 +269,9 @@ def main(argv=None) -> int:
                                    else f"{'-':>10}" for r in rows_list))
     for r in rows_list:
         d = report["rows"][r]
-        print(f"rows {r}: direct = {100 * d['hand']['median_ms'] / d['direct']['median_ms']:.0f} % of hand "
+        print(f"rows {r}: ceiling / direct = {100 * d['ceiling']['median_ms'] / d['direct']['median_ms']:.0f} % "
+              f"(native), {100 * d['ceiling']['median_ms'] / d['direct_python']['median_ms']:.0f} % (python); "
+              f"direct = {100 * d['hand']['median_ms'] / d['direct']['median_ms']:.0f} % of hand "
               f"(same harness); general = {100 * d['hand']['median_ms'] / d['general']['median_ms']:.0f} %; "
               f"b2b ceiling / direct = {100 * d['ceiling_b2b']['median_ms'] / d['direct']['median_ms']:.0f} %")
     if args.out:

@@ -74,6 +74,34 @@ def test_host_ids_steps_in_every_graph_mode(impl, kernel, graph):
     b.close()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_cpu_gather_direct_path_back_to_back(native):
+    """The direct path (one C++ call, or its Python steps) with host ids: eight lookups and
+    eight prefetches into poisoned outputs issued without a synchronize, so each gather must
+    wait for the copy out of the shared staging before it refills it; then a lookup larger
+    than the staging (which grows). Every output equals the rows recomputed from its ids."""
+    b = _backend("pinned_cpu_gather")
+    b.native = native
+    sets = [_ids(s, True) for s in range(8)]
+    outs = [b.lookup(ids) for ids in sets]
+    fins = []
+    for ids in sets:
+        b.start_prefetch(ids)
+        out = torch.full((TOKENS, HEADS * DIM), 0x7F, dtype=torch.uint8, device="cuda").view(b.storage_dtype)
+        fins.append(b.finalize(out=out))
+    big = torch.cat([sets[0], sets[1], sets[2]])  # 3 x TOKENS rows: past the staging's capacity
+    got_big = b.lookup(big)
+    torch.cuda.synchronize()
+    for ids, o, f in zip(sets, outs, fins):
+        ref = _ref(ids).view(torch.uint8)
+        assert torch.equal(o.view(torch.uint8), ref) and torch.equal(f.view(torch.uint8), ref)
+    ref_big = torch.cat([_ref(s) for s in sets[:3]]).view(torch.uint8)
+    assert torch.equal(got_big.view(torch.uint8), ref_big)
+    assert b.stats()["gather_impl"] == ("native" if native else "python")
+    assert b.host_thread_s > 0
+    b.close()
+
+
 def test_host_sync_timer_on_a_host_blocking_path():
     b = _backend("pinned_cpu_gather")
     sets = [_ids(s, True) for s in range(8)]

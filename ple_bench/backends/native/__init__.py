@@ -1,0 +1,70 @@
+"""Native (C++) pieces of the host paths, built on first use with torch's
+extension builder and cached per machine (``~/.cache/torch_extensions``, or
+``TORCH_EXTENSIONS_DIR``).
+
+Only the CPU gather's direct path has one: :func:`host_gather_module` gives the
+module with ``HostGather`` (host_gather.cpp), or None when it cannot be had -- no
+C++ compiler, no ninja, a build error, or ``PLE_BENCH_NATIVE=0`` -- and
+:func:`native_status` says which and why.  Without it the same path runs in
+Python (slower by the Python around the call: docs/lookup-paths.md)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("host_gather.cpp")
+
+_status: dict[str, str] = {"host_gather": "not built"}
+
+
+def native_status() -> str:
+    """``"native"`` once the module is loaded, else why not (``"not built"`` before the first try)."""
+    return _status["host_gather"]
+
+
+def _ninja_on_path() -> bool:
+    """torch's builder runs ``ninja``; a pip-installed one (the ``ninja`` package, a dependency)
+    lives in the environment's bin, which is on PATH only when that environment is activated."""
+    if shutil.which("ninja"):
+        return True
+    try:
+        import ninja  # noqa: PLC0415
+    except ImportError:
+        return False
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    return shutil.which("ninja") is not None
+
+
+@functools.lru_cache(maxsize=1)
+def host_gather_module():
+    """The built ``host_gather`` extension, or None (see :func:`native_status`)."""
+    if os.environ.get("PLE_BENCH_NATIVE") == "0":
+        _status["host_gather"] = "off (PLE_BENCH_NATIVE=0)"
+        return None
+    if not _ninja_on_path():
+        _status["host_gather"] = "no ninja (pip install ninja)"
+        return None
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        _status["host_gather"] = "no C++ compiler"
+        return None
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    try:
+        mod = cpp_extension.load(name="ple_bench_host_gather", sources=[str(SOURCE)],
+                                 extra_cflags=["-O3"], verbose=False)
+    except Exception as e:  # noqa: BLE001 - any build failure leaves the Python path
+        _status["host_gather"] = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+        print(f"ple_bench: the native host gather did not build ({_status['host_gather']}); "
+              "pinned_cpu_gather runs its Python direct path", file=sys.stderr)
+        return None
+    took = time.perf_counter() - t0
+    if took > 5:
+        print(f"ple_bench: built the native host gather in {took:.0f} s (cached for this machine)", file=sys.stderr)
+    _status["host_gather"] = "native"
+    return mod
