@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from ._fake_runs import CEILINGS, gpu_meta, lookup_record, write_gpu_run, write_run
+from ._fake_runs import CEILINGS, gpu_cases, gpu_meta, lookup_record, write_gpu_run, write_run
 from ple_bench.case import Case
 from ple_bench.report.compare import compare_case, compare_main, compare_runs
 from ple_bench.results import load_records
@@ -372,3 +372,40 @@ def test_throttled_samples_are_excluded_consistently(tmp_path):
         next(r for r in load_records(old))["samples_ms"]))
     assert o.verdict == "regression"
     assert any("do not flag" in w or "does not flag" in w for w in result.warnings)
+
+
+def _set_matmuls(run: Path, counts: dict[str, int]) -> None:
+    """Give the step records of a stored run their compute's matmul count (``counts`` by case id)."""
+    import json
+
+    path = run / "records.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in recs:
+        if r.get("kind") == "step":
+            r["compute_matmuls"] = counts.get(r["case_id"], 7)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_steps_calibrated_to_different_compute_are_not_compared_as_regressions(tmp_path):
+    """A step whose compute ran a different number of matmuls on the two sides did other work:
+    verdict ``workload`` (exit 0), however much slower; the same slowdown with the same compute
+    is a regression."""
+    def steps(case):
+        return case.kind == "step" and case.compute_us == 200.0
+
+    step = next(c for c in gpu_cases()["step"] if steps(c))
+    base = write_gpu_run(tmp_path / "results", "base", seed=1, only=steps, include_broken=False)
+    cand = write_gpu_run(tmp_path / "results", "cand", seed=2, only=steps, include_broken=False,
+                         factor=slower(step.case_id, 1.2))
+    _set_matmuls(base, {step.case_id: 10})
+    _set_matmuls(cand, {step.case_id: 11})
+    result = compare_runs(base, cand)
+    by_id = {c.case_id: c for c in result.cases}
+    assert by_id[step.case_id].verdict == "workload" and by_id[step.case_id].change_pct > 15
+    assert not result.regressions and result.exit_code == 0
+    assert {c.verdict for c in result.cases if c.case_id != step.case_id} == {"same"}
+    code, out = run_cli(str(base), str(cand), "--reports-dir", str(tmp_path / "reports"))
+    assert code == 0 and "1 workload" in out
+    _set_matmuls(cand, {step.case_id: 10})
+    again = compare_runs(base, cand)
+    assert [c.case_id for c in again.regressions] == [step.case_id]

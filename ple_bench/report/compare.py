@@ -42,7 +42,11 @@ Two modes, chosen by how many runs each side has:
 
 In both modes a change over the threshold that is not significant is **noisy**;
 a case ok on the baseline side (in any of its runs) that failed or was invalid
-in any candidate run is **broken**.
+in any candidate run is **broken**.  A decode step whose compute was calibrated
+to a different number of matmuls on the two sides (``compute_matmuls``: the
+calibration picks the count per run, and on the H200 the same code gave 10 and
+11 matmuls for 200 us in two runs) did not do the same work: its verdict is
+**workload**, whatever its times, and it fails nothing.
 
 Exit codes of the CLI (``python -m ple_bench compare BASE CAND`` or
 ``compare BASE... --vs CAND...``): 0 no regression; 1 at least one regression
@@ -68,7 +72,7 @@ MIN_SAMPLES = 5  # pooled mode: fewer samples a side is "insufficient"
 MIN_RUNS = 3  # run-median mode: runs a side needed (and ok runs a case needs)
 SAMPLES_ALPHA = 0.01  # default alpha, pooled samples (two-sided)
 RUNS_ALPHA = 0.05  # default alpha, run medians (one-sided; the floor at 3 vs 3 is 0.05)
-VERDICTS = ("regression", "broken", "improvement", "noisy", "insufficient", "same")
+VERDICTS = ("regression", "broken", "improvement", "noisy", "workload", "insufficient", "same")
 INDEPENDENCE_CAVEAT = (
     "samples within one run are not independent (one process, one table allocation, one machine state), "
     "so the Mann-Whitney p-value on pooled samples is optimistic; for a verdict on run medians give at "
@@ -302,7 +306,11 @@ def compare_runs(baseline_dirs: PathLike | Sequence[PathLike], candidate_dirs: P
             result.broken.append({"case_id": cid, "status": bad.get("status"), "reason": bad.get("reason") or ""})
         elif b_ok and c_ok:
             unflagged += any(unflagged_throttled(r) for r in b_ok + c_ok)
-            if mode == "runs":
+            if _matmuls(b_ok) != _matmuls(c_ok):
+                cmp = compare_pooled(b_ok, c_ok, threshold_pct, alpha, min_samples)
+                cmp.verdict = "workload"
+                result.cases.append(cmp)
+            elif mode == "runs":
                 result.cases.append(compare_run_medians(b_ok, c_ok, threshold_pct, alpha))
             else:
                 result.cases.append(compare_pooled(b_ok, c_ok, threshold_pct, alpha, min_samples))
@@ -324,6 +332,11 @@ def compare_runs(baseline_dirs: PathLike | Sequence[PathLike], candidate_dirs: P
                 f"{len(bases)} vs {len(cands)} runs ({floor:.3g}): no case can be called a regression or an "
                 "improvement; give more runs or a larger alpha.")
     return result
+
+
+def _matmuls(records: Sequence[dict[str, Any]]) -> set:
+    """The compute matmul counts a side's step records ran (empty for lookups)."""
+    return {r.get("compute_matmuls") for r in records if r.get("kind") == "step" and r.get("compute_matmuls")}
 
 
 def _records_by_case(runs: Sequence[Run]) -> dict[str, list[dict[str, Any]]]:
