@@ -59,6 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="4,8")
     ap.add_argument("--max-time", type=float, default=1.0)
     ap.add_argument("--bisect", action="store_true", help="also time the direct path's layers one by one")
+    ap.add_argument("--pieces", action="store_true",
+                    help="also the native call without the backend's Python around it, and the wall time of each "
+                         "piece inside it (HostGather.lookup_pieces: median of 500 synchronized calls)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     dev = torch.device("cuda", 0)
@@ -236,6 +239,22 @@ def main(argv=None) -> int:
             run("direct_nonvtx", lookup)
             ann.set_enabled(True)
             run("hand_again", hand)
+        if args.pieces:
+            b.native = True
+            nat = b._direct().native
+            main_h = current_stream_handle(0)
+            fixed = torch.empty(tokens, HEADS * DIM, dtype=b.storage_dtype, device=dev)
+            run("native_rows_fixed_out", lambda: nat.rows(nxt(), fixed, main_h))
+            run("native_lookup_no_wrapper", lambda: nat.lookup(nxt(), main_h))
+            names = ("alloc", "flatten", "wait", "narrow", "gather", "copy", "record")
+            got = []
+            for _ in range(500):
+                got.append(nat.lookup_pieces(nxt(), main_h))
+                torch.cuda.synchronize()
+            pieces = {n: sorted(g[i] for g in got)[len(got) // 2] for i, n in enumerate(names)}
+            res["pieces_us"] = {"median_ms": sum(pieces.values()) / 1e3, "pieces_us": pieces}
+            print(f"rows {rows}: native pieces (us, medians): "
+                  + " ".join(f"{k}={v:.2f}" for k, v in pieces.items()), flush=True)
         for t in threads:
             torch.set_num_threads(t)
             run(f"hand_t{t}", hand)

@@ -13,6 +13,7 @@
 #include <ctime>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -21,6 +22,12 @@ using record_fn = int (*)(void*, void*);                            // cudaEvent
 using sync_fn = int (*)(void*);                                     // cudaEventSynchronize
 
 constexpr int kHostToDevice = 1;
+
+double now_us() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e6 * double(ts.tv_sec) + 1e-3 * double(ts.tv_nsec);
+}
 
 double thread_cpu_s() {
   timespec ts;
@@ -121,6 +128,33 @@ class HostGather {
     return out;
   }
 
+  // ``lookup`` with the wall time of each of its pieces (us), for studies of where a call's
+  // time goes (scripts/gpu/host_gather_direct.py --bisect): allocate, flatten, wait, narrow,
+  // gather, copy, record
+  std::vector<double> lookup_pieces(const at::Tensor& ids, int64_t stream) {
+    std::vector<double> t;
+    auto tick = [&t, last = now_us()]() mutable { const double n = now_us(); t.push_back(n - last); last = n; };
+    at::Tensor out = at::empty({ids.size(0), width_}, out_opts_);
+    tick();
+    const at::Tensor flat = ids.reshape({-1});
+    const int64_t n = flat.numel();
+    tick();
+    TORCH_CHECK(copies() && n <= capacity(), "lookup_pieces: a copying HostGather with room for the rows");
+    wait();
+    tick();
+    at::Tensor stage = staging_.narrow(0, 0, n);
+    tick();
+    at::index_select_out(stage, table_, 0, flat);
+    tick();
+    void* s = reinterpret_cast<void*>(stream);
+    check(memcpy_(out.data_ptr(), stage.data_ptr(), size_t(n * row_bytes_), kHostToDevice, s), "cudaMemcpyAsync");
+    tick();
+    check(record_(event_, s), "cudaEventRecord");
+    in_use_ = true;
+    tick();
+    return t;
+  }
+
   double host_s() const { return host_s_; }
   double last_s() const { return last_s_; }  // the last call's gather CPU seconds
 
@@ -151,6 +185,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("wait", &HostGather::wait)
       .def("rows", &HostGather::rows)
       .def("lookup", &HostGather::lookup)
+      .def("lookup_pieces", &HostGather::lookup_pieces)
       .def("host_s", &HostGather::host_s)
       .def("last_s", &HostGather::last_s);
 }
