@@ -61,20 +61,21 @@ def test_smoke_suite_as_benchmarks_on_the_gpu(tmp_path):
     wrong = {cid: t for cid, t in wrong.items() if t != ("host+sync", engine_timer(cid), "gpu")}
     assert not wrong, wrong
     # A synchronized call on the host clock cannot take less than the GPU time of the same
-    # call: against the engine's CUDA-event median (another run of the case) 0.8 allows for
-    # run-to-run noise. Against the engine's own host-sync median both figures are host clocks
-    # around synchronized calls, in different loops (pytest-benchmark's calibrated rounds, the
-    # engine's L2-flushed samples over rotating id sets); on the H200 (session 5) the 32-row
-    # host-path prefetches came out at 0.79-0.80 of it, per-call overhead being all they cost,
-    # so that bound is 0.6: what it catches is a timer that does not wait (10x, not 20 %).
+    # call. The bound is against the engine's GPU time of the case: its CUDA-event median, or,
+    # where the engine timed host_sync, the median of the CUDA events it recorded around those
+    # same calls (engine_event_median_ms); 0.8 allows for run-to-run noise. Session 5 held
+    # host_sync cases against the engine's host-clock median instead: two host clocks around
+    # synchronized 30-80 us host-bound calls in different loops came out 0.5-0.8 apart on the
+    # H200, which says nothing about whether the timer waits.
     too_fast = {}
     for cid, b in benches.items():
         host_ms = b["stats"]["median"] * 1e3
-        engine_ms = b["extra_info"].get("engine_median_ms")
-        bound = 0.6 if engine_timer(cid) == "host_sync" else 0.8
-        if not (engine_ms and host_ms >= bound * engine_ms):
-            too_fast[cid] = (host_ms, engine_ms, bound)
-    assert not too_fast, f"host+sync median below the bound x the engine's median: {too_fast}"
+        info = b["extra_info"]
+        gpu_ms = info.get("engine_event_median_ms") if engine_timer(cid) == "host_sync" else info.get(
+            "engine_median_ms")
+        if not (gpu_ms and host_ms >= 0.8 * gpu_ms):
+            too_fast[cid] = (host_ms, gpu_ms)
+    assert not too_fast, f"host+sync median below 0.8 x the engine's GPU time of the case: {too_fast}"
 
 
 def test_default_full_graph_lookups_are_timed_as_graph_replays(tmp_path):
