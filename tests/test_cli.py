@@ -298,3 +298,16 @@ def test_profile_dry_run_builds_commands():
     proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
                "--cache-control", "none")
     assert proc.returncode == 0 and "--cache-control none" in proc.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """``list --json | head -1``: the CLI stops quietly when its reader goes away."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-m", "ple_bench", "list", "--suite", "default", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0
+    assert first.startswith(b'{"case_id"') and "Traceback" not in err and "BrokenPipe" not in err, err
