@@ -382,10 +382,10 @@ class _SyncBatcher:
             self.start.record(self.stream)
             self.launch()
             self.end.record(self.stream)
-            if i == 0:
-                mhz = self.clocks.read()  # the GPU is (or was just) busy with this call
             torch.cuda.synchronize(self.device)
             samples.append((time.perf_counter_ns() - t0) / 1e6)
+            if i == 0:  # after the sample's clock: an NVML read costs host time the call did not spend
+                mhz = self.clocks.read()  # the GPU was busy with this call a moment ago
             self.event_samples_ms.append(self.start.elapsed_time(self.end))
         self.per_sample_s = sum(samples) / k / 1e3
         return samples, mhz
