@@ -57,6 +57,17 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def resolve_device(device):
+    """``device`` as a ``torch.device`` (an int is a CUDA index), where a CUDA device without
+    an index means the current one (left as it is when CUDA is not usable)."""
+    import torch
+
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def device_for(rank_index: int, local_rank: int | None = None):
     """The device a rank takes: its GPU (``local_rank``, else ``rank % gpus``) where one is
     usable, else the CPU."""

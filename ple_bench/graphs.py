@@ -40,6 +40,8 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
+from .env import resolve_device
+
 MODES = ("eager", "breakable", "full")
 
 
@@ -190,15 +192,11 @@ class BreakableGraph:
             raise ValueError(f"unknown graph mode {self.mode!r}; allowed: {MODES}")
         self._cuda = False
         if self.mode != "eager" and self.segment_factory is None:
-            device = torch.device(self.device) if self.device is not None else None
-            if device is None and torch.cuda.is_available():
-                device = torch.device("cuda", torch.cuda.current_device())
-            if device is None or device.type != "cuda" or not torch.cuda.is_available():
+            device = resolve_device(self.device if self.device is not None else "cuda")
+            if device.type != "cuda" or not torch.cuda.is_available():
                 raise NotImplementedError(
                     f"graph={self.mode} needs CUDA (CPU functional mode runs eagerly)"
                 )
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
             self.device = device
             self.segment_factory = CudaSegment
             self.pool_factory = self.pool_factory or torch.cuda.graph_pool_handle

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .annotate import annotate
+from .env import resolve_device
 from .backends.synthetic import synthetic_rows
 from .graphs import MODES, BreakableGraph, eager_break
 from .measure.repeat import Stopwatch, repeat_timed
@@ -97,9 +98,7 @@ class DecodeStep:
         if hidden < 1 or num_tokens < 1:
             raise ValueError(f"hidden and num_tokens must be positive, got {hidden}, {num_tokens}")
         self.backend = backend
-        self.device = torch.device(device) if device is not None else backend.device
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device) if device is not None else backend.device
         if self.device != backend.device:
             raise ValueError(f"step device {self.device} differs from the backend's {backend.device}")
         self.graph_mode = graph

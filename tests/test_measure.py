@@ -601,7 +601,7 @@ def test_measure_graph_rotates_one_graph_per_callable(monkeypatch):
 
     monkeypatch.setattr(timer_mod, "capture_graph", fake_capture)
     monkeypatch.setattr(timer_mod, "_measure_cuda", fake_measure)
-    monkeypatch.setattr(timer_mod, "_as_device", lambda d: torch.device("cpu"))
+    monkeypatch.setattr(timer_mod, "resolve_device", lambda d: torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: type("S", (), {"synchronize": lambda self: None})())
     fns = [lambda: None, lambda: None, lambda: None]

@@ -69,6 +69,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from ..annotate import annotate
+from ..env import resolve_device
 from ..parallel import Groups
 from .formats import StorageFormat, int_view
 from .kernels import get_kernel, takes_grid_cap
@@ -317,10 +318,7 @@ class PLEEmbedding(ABC):
     def _resolve_device(self, device: torch.device | str | None) -> torch.device:
         if device is None:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-            device = torch.device("cuda", torch.cuda.current_device())
-        return device
+        return resolve_device(device)
 
     @abstractmethod
     def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:

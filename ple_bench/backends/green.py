@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from ..env import resolve_device
+
 
 class GreenContextUnavailable(NotImplementedError):
     """No way to limit a stream's SMs here; the message says why."""
@@ -287,11 +289,9 @@ def _check_request(device: torch.device | str | int, num_sms: int) -> torch.devi
     """The CUDA device (with its index) after the checks every request gets."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
         raise ValueError(f"sm_limit must be a positive integer number of SMs, got {num_sms!r}")
-    device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    device = resolve_device(device)
     if device.type != "cuda":
         raise GreenContextUnavailable(f"sm_limit needs CUDA (green contexts); device is {device}")
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 

@@ -52,6 +52,7 @@ from typing import Any, Callable
 import torch
 
 from ..annotate import annotate
+from ..env import resolve_device
 from .profiler import windows_suspended
 from .repeat import repeat_timed
 
@@ -203,9 +204,7 @@ def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0
     ``threads``, ``repeats``, ``timer``, ``cold_l2``, ``id_sets``, ``warm_ms``, ``warm_repeats``."""
     from .timer import measure
 
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = resolve_device(device)
     cuda = device.type == "cuda"
     pol = bounded_policy(policy)
     if cold_l2 is None:
@@ -297,9 +296,7 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
     ``num_heads``, ``host_alloc``, ``id_sets``, ``cold_l2``, ``timer``, ``repeats``."""
     from .timer import measure
 
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = resolve_device(device)
     if not id_sets:
         raise ValueError("random_row_ceiling needs at least one id set")
     pol = bounded_policy(policy)
@@ -333,12 +330,10 @@ def measure_ceilings(device, *, budget_s: float = 5.0, pinned_table_bytes: int =
     """Measure this machine's ceilings now (see the module docstring for the
     keys).  ``budget_s`` is shared between the transfers (each still gets at
     least MIN_REPEATS repeats); ``pinned_table_bytes`` sizes the gather tables."""
-    device = torch.device(device)
+    device = resolve_device(device)
     t0 = time.perf_counter()
     with annotate("ceilings"):
         if device.type == "cuda":
-            if device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
             with torch.cuda.device(device):
                 res = _cuda_ceilings(device, budget_s, pinned_table_bytes)
         else:

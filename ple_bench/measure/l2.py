@@ -15,6 +15,8 @@ import threading
 
 import torch
 
+from ..env import resolve_device
+
 #: lower bound of the flush buffer when the L2 size is unknown or small
 MIN_FLUSH_BYTES = 64 << 20
 
@@ -33,9 +35,7 @@ def l2_size_bytes(device: torch.device | str) -> int | None:
 
 class L2Flusher:
     def __init__(self, device: torch.device | str) -> None:
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = resolve_device(device)
         self.device = device
         self.l2_bytes = l2_size_bytes(device)
         self.buffer: torch.Tensor | None = None

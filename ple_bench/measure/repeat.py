@@ -28,12 +28,9 @@ from typing import Any, Callable
 
 import torch
 
+from ..env import resolve_device
 
-def _as_device(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+
 
 
 class Stopwatch:
@@ -42,7 +39,7 @@ class Stopwatch:
     times; :meth:`samples_ms` reads them all (one device sync for events)."""
 
     def __init__(self, device, *, host: bool = False, sync: bool = False) -> None:
-        self.device = _as_device(device)
+        self.device = resolve_device(device)
         self.events = self.device.type == "cuda" and not host
         self.sync = sync and self.device.type == "cuda"
         self._pairs: list[list[Any]] = []
@@ -124,7 +121,7 @@ def repeat_timed(fn: Callable[[], Any], *, device, warmup: int = 1, min_repeats:
     before the next call, so calls do not overlap.  ``max_repeats`` defaults to
     ``min_repeats`` (a fixed count: what a loop that every rank must run the same
     number of times needs); ``budget_s`` lets it stop between the two."""
-    device = _as_device(device)
+    device = resolve_device(device)
     if min_repeats < 1:
         raise ValueError("min_repeats must be >= 1")
     max_repeats = min_repeats if max_repeats is None else max(max_repeats, min_repeats)

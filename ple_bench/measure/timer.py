@@ -54,6 +54,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..annotate import annotate
+from ..env import resolve_device
 from ..results import kept_samples
 from .clocks import ClockSampler
 from .l2 import get_flusher
@@ -271,11 +272,6 @@ def _adaptive_batch(per_sample_s: Callable[[], float]) -> Callable[[list[float]]
 
 
 # ------------------------------------------------------------------- devices
-def _as_device(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 class _StreamHold:
@@ -487,7 +483,7 @@ def measure(fn: Callable[[], Any], *, device, policy: TimingPolicy, cold_l2: boo
     False).  ``host_sync``: ``fn`` occupies the host -- time synchronized calls
     on the host clock, no spin hold (CUDA; on a CPU every call is host-timed
     anyway).  ``clock`` is the stopping rule's wall clock (injectable for tests)."""
-    device = _as_device(device)
+    device = resolve_device(device)
     with annotate(label):
         if device.type != "cuda":
             return _measure_cpu(fn, policy, label, clock)
@@ -501,7 +497,7 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, *, warmup_calls: 
                   label: str = "graph") -> "torch.cuda.CUDAGraph":
     """Warm ``fn`` up on a side stream, then capture one call of it in a
     CUDA graph; :class:`GraphCaptureError` (with the reason) if that fails."""
-    device = _as_device(device)
+    device = resolve_device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         raise GraphCaptureError(f"CUDA graphs need a CUDA device; {label!r} runs on {device}")
     with torch.cuda.device(device):
@@ -541,7 +537,7 @@ def measure_graph(fn: Callable[[], Any] | Sequence[Callable[[], Any]], *, device
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     if not fns:
         raise ValueError("measure_graph needs at least one callable")
-    device = _as_device(device)
+    device = resolve_device(device)
     with annotate(label):
         graphs = [capture_graph(f, device, label=label) for f in fns]
         with torch.cuda.device(device):
