@@ -599,6 +599,8 @@ def _measurement_fields(meas) -> dict[str, Any]:
                                        "iqr_ms", "cv", "n_samples", "throttled_samples")}
     out["samples_ms"] = list(meas.samples_ms)
     out["samples_throttled"] = list(meas.throttled)
+    # host_sync: the CUDA events' time of the same calls (the schema's field; None for the other timers)
+    out["event_samples_ms"] = list(meas.event_samples_ms) if getattr(meas, "event_samples_ms", None) else None
     out["timer"] = meas.timer
     out["cold_l2"] = meas.cold_l2  # the L2 was flushed before every sample
     clocks = [c for c in meas.sm_clock_mhz if c is not None]
