@@ -180,16 +180,16 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
         1 K-row gather costs microseconds that the hand version does not pay
         (scripts/gpu/host_gather_direct.py)."""
         st = self._direct()
-        flat = ids.reshape(-1)
-        n = flat.numel()
         nat = st.native
-        if nat is not None:
-            if n > st.capacity:
-                st.grow(n)
+        if nat is not None:  # the call flattens the ids itself
+            if ids.numel() > st.capacity:
+                st.grow(ids.numel())
             spent = nat.rows(ids, out, stream_handle or 0)
             with self._host_time_lock:
                 self.host_thread_s += spent
             return
+        flat = ids.reshape(-1)
+        n = flat.numel()
         if self.functional:
             self.host_gather(flat, out.view(torch.uint8).view(n, -1))
             return

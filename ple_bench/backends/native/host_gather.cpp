@@ -35,6 +35,19 @@ double thread_cpu_s() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
+// appends the wall time since the last mark to ``t`` (nothing when ``t`` is null)
+struct Ticks {
+  std::vector<double>* t;
+  double last;
+  void operator()() {
+    if (t != nullptr) {
+      const double now = now_us();
+      t->push_back(now - last);
+      last = now;
+    }
+  }
+};
+
 void check(int err, const char* what) {
   if (err != 0) throw std::runtime_error(std::string(what) + " failed: cudaError " + std::to_string(err));
 }
@@ -83,12 +96,15 @@ class HostGather {
 
   // rows of ``ids`` ([tokens, heads] int64/int32, host) into ``out`` (contiguous,
   // tokens*heads*row_bytes bytes; on the device when copying, on ``stream``).
-  // Returns the calling thread's CPU seconds spent in the gather.
-  double rows(const at::Tensor& ids, const at::Tensor& out, int64_t stream) {
+  // Returns the calling thread's CPU seconds spent in the gather. With ``pieces``, the
+  // wall time (us) of each piece is appended: flatten, wait, narrow, gather, copy, record.
+  double rows(const at::Tensor& ids, const at::Tensor& out, int64_t stream, std::vector<double>* pieces = nullptr) {
+    Ticks tick{pieces, pieces ? now_us() : 0.0};
     const at::Tensor flat = ids.reshape({-1});
     const int64_t n = flat.numel();
     TORCH_CHECK(out.is_contiguous() && out.numel() * out.element_size() == n * row_bytes_,
                 "out must be contiguous with ", n * row_bytes_, " bytes");
+    tick();
     const int prev = at::get_num_threads();
     if (threads_ != prev) at::set_num_threads(threads_);
     double spent = 0.0;
@@ -101,21 +117,25 @@ class HostGather {
       } else {
         TORCH_CHECK(n <= capacity(), "staging holds ", capacity(), " rows, the call needs ", n);
         wait();
+        tick();
         at::Tensor stage = staging_.narrow(0, 0, n);
+        tick();
         const double t0 = thread_cpu_s();
         at::index_select_out(stage, table_, 0, flat);
         spent = thread_cpu_s() - t0;
+        tick();
         void* s = reinterpret_cast<void*>(stream);
         check(memcpy_(out.data_ptr(), stage.data_ptr(), size_t(n * row_bytes_), kHostToDevice, s), "cudaMemcpyAsync");
+        tick();
         check(record_(event_, s), "cudaEventRecord");
         in_use_ = true;
+        tick();
       }
     } catch (...) {
       if (threads_ != prev) at::set_num_threads(prev);
       throw;
     }
     if (threads_ != prev) at::set_num_threads(prev);
-    host_s_ += spent;
     last_s_ = spent;
     return spent;
   }
@@ -128,34 +148,18 @@ class HostGather {
     return out;
   }
 
-  // ``lookup`` with the wall time of each of its pieces (us), for studies of where a call's
-  // time goes (scripts/gpu/host_gather_direct.py --bisect): allocate, flatten, wait, narrow,
-  // gather, copy, record
+  // ``lookup`` with the wall time (us) of each of its pieces, for studies of where a call's
+  // time goes (scripts/gpu/host_gather_direct.py --pieces): allocate, then ``rows``' pieces
   std::vector<double> lookup_pieces(const at::Tensor& ids, int64_t stream) {
+    TORCH_CHECK(copies() && ids.dim() == 2, "lookup_pieces: a copying HostGather and [tokens, heads] ids");
     std::vector<double> t;
-    auto tick = [&t, last = now_us()]() mutable { const double n = now_us(); t.push_back(n - last); last = n; };
+    const double t0 = now_us();
     at::Tensor out = at::empty({ids.size(0), width_}, out_opts_);
-    tick();
-    const at::Tensor flat = ids.reshape({-1});
-    const int64_t n = flat.numel();
-    tick();
-    TORCH_CHECK(copies() && n <= capacity(), "lookup_pieces: a copying HostGather with room for the rows");
-    wait();
-    tick();
-    at::Tensor stage = staging_.narrow(0, 0, n);
-    tick();
-    at::index_select_out(stage, table_, 0, flat);
-    tick();
-    void* s = reinterpret_cast<void*>(stream);
-    check(memcpy_(out.data_ptr(), stage.data_ptr(), size_t(n * row_bytes_), kHostToDevice, s), "cudaMemcpyAsync");
-    tick();
-    check(record_(event_, s), "cudaEventRecord");
-    in_use_ = true;
-    tick();
+    t.push_back(now_us() - t0);
+    rows(ids, out, stream, &t);
     return t;
   }
 
-  double host_s() const { return host_s_; }
   double last_s() const { return last_s_; }  // the last call's gather CPU seconds
 
  private:
@@ -170,7 +174,6 @@ class HostGather {
   sync_fn sync_;
   void* event_;
   bool in_use_ = false;
-  double host_s_ = 0.0;
   double last_s_ = 0.0;
 };
 
@@ -183,9 +186,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_staging", &HostGather::set_staging)
       .def("capacity", &HostGather::capacity)
       .def("wait", &HostGather::wait)
-      .def("rows", &HostGather::rows)
+      .def("rows", [](HostGather& g, const at::Tensor& ids, const at::Tensor& out, int64_t stream) {
+        return g.rows(ids, out, stream);
+      })
       .def("lookup", &HostGather::lookup)
       .def("lookup_pieces", &HostGather::lookup_pieces)
-      .def("host_s", &HostGather::host_s)
       .def("last_s", &HostGather::last_s);
 }
