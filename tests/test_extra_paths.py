@@ -464,3 +464,40 @@ def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
     with pytest.raises(ValueError, match="contiguous"):
         paths[0].start_prefetch(ids)
         paths[0].finalize(out=torch.empty(tokens, heads * dim + 1, dtype=paths[0].storage_dtype))
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_native_row_loop_equals_index_select(id_dtype):
+    """The native call's own row loop (every task size, and index_select itself:
+    grain 0) gives the rows of the reference, for contiguous and strided ids. A negative
+    id or one past the table is refused: the call returns -1 (the module throws nothing:
+    host_gather.cpp) and ``error()`` names the id, which ``native_error`` makes an
+    IndexError; bad arguments come back as ValueError the same way."""
+    _native_or_skip()
+    from ple_bench.backends.native import native_error, new_host_gather
+
+    rows, row_bytes, n = 5000, 40, 997
+    table = torch.randint(0, 256, (rows, row_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    g = new_host_gather(table, torch.uint8, "cpu", row_bytes, max(1, torch.get_num_threads()), 0, 0, 0, 0)
+    ids = torch.randint(0, rows, (n, 2), generator=torch.Generator().manual_seed(6)).to(id_dtype)
+    strided = torch.randint(0, rows, (2, n), generator=torch.Generator().manual_seed(7)).to(id_dtype).t()
+    assert not strided.is_contiguous()
+    assert g.grain() == 64 and g.error() == ["", ""]  # the default, no failure yet
+    for grain in (0, 1, 7, 64, 4096):
+        assert g.configure(grain) and g.grain() == grain
+        for x in (ids, strided):
+            out = torch.full((2 * n, row_bytes), 0x7F, dtype=torch.uint8)
+            assert g.rows(x, out, 0) >= 0
+            assert torch.equal(out, table[x.reshape(-1).long()]), grain
+        for bad_id in (-1, rows):
+            bad = ids.clone()
+            bad[n // 2, 1] = bad_id
+            assert g.rows(bad, torch.empty(2 * n, row_bytes, dtype=torch.uint8), 0) == -1
+            err = native_error(g)
+            assert isinstance(err, IndexError) and (f"index {bad_id} " in str(err) or grain == 0), str(err)
+    assert not g.configure(-1) and isinstance(native_error(g), ValueError) and g.grain() == 4096
+    assert g.rows(ids, torch.empty(3, dtype=torch.uint8), 0) == -1 and "out must be" in str(native_error(g))
+    assert g.rows(ids.float(), torch.empty(2 * n, row_bytes, dtype=torch.uint8), 0) == -1
+    assert g.lookup(ids.view(-1), 0) is None and "[tokens, heads]" in str(native_error(g))
+    with pytest.raises(ValueError, match="contiguous uint8"):
+        new_host_gather(table.t(), torch.uint8, "cpu", row_bytes, 1, 0, 0, 0, 0)

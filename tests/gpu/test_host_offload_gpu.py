@@ -102,6 +102,38 @@ def test_cpu_gather_direct_path_back_to_back(native):
     b.close()
 
 
+def test_cpu_gather_fast_lookup_and_its_fall_throughs():
+    """The direct path's one-closure lookup (taken from the second call on) gives the
+    reference rows for int64 and int32 host ids; ids it does not take -- on the device, a
+    wrong head count, more rows than the staging, a float dtype -- fall through to the
+    checked path (the rows, or the same ValueError); turning ``direct`` off drops it."""
+    def ref(x):
+        return synthetic_rows(x.reshape(-1).cpu().long(), DIM, SEED, torch.float8_e4m3fn).reshape(x.shape[0], -1)
+
+    b = _backend("pinned_cpu_gather")
+    ids = _ids(0, True)
+    first = b.lookup(ids)
+    assert b._fast_lookup is None  # built on the next call
+    for x in (ids, _ids(1, True).to(torch.int32), ids.cuda(), torch.cat([ids, ids, ids])):
+        got = b.lookup(x)
+        torch.cuda.synchronize()
+        assert torch.equal(got.view(torch.uint8).cpu(), ref(x).view(torch.uint8))
+    assert callable(b._fast_lookup)
+    assert torch.equal(first.view(torch.uint8).cpu(), ref(ids).view(torch.uint8))
+    with pytest.raises(ValueError, match="one column per head"):
+        b.lookup(ids[:, :3])
+    with pytest.raises(ValueError, match="int64 or int32"):
+        b.lookup(ids.float())
+    with pytest.raises(IndexError):
+        b.lookup(torch.full_like(ids, b.weight.shape[0]))
+    b.direct = False
+    assert b._fast_lookup is None
+    got = b.lookup(ids)
+    assert torch.equal(got.view(torch.uint8).cpu(), ref(ids).view(torch.uint8)) and not b._fast_lookup
+    assert b.stats()["gather_impl"] == "native"  # the direct state of the calls before
+    b.close()
+
+
 def test_host_sync_timer_on_a_host_blocking_path():
     b = _backend("pinned_cpu_gather")
     sets = [_ids(s, True) for s in range(8)]

@@ -57,7 +57,7 @@ def host_gather_module():
     t0 = time.perf_counter()
     try:
         mod = cpp_extension.load(name="ple_bench_host_gather", sources=[str(SOURCE)],
-                                 extra_cflags=["-O3"], verbose=False)
+                                 extra_cflags=["-O3", "-fopenmp"], verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure leaves the Python path
         _status["host_gather"] = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         print(f"ple_bench: the native host gather did not build ({_status['host_gather']}); "
@@ -68,3 +68,24 @@ def host_gather_module():
         print(f"ple_bench: built the native host gather in {took:.0f} s (cached for this machine)", file=sys.stderr)
     _status["host_gather"] = "native"
     return mod
+
+
+_ERRORS = {"index": IndexError, "value": ValueError}
+
+
+def native_error(gather) -> Exception:
+    """The exception for a ``HostGather`` call that returned its failure value (the module
+    returns errors instead of throwing them: host_gather.cpp says why): IndexError for an
+    id outside the table, ValueError for a bad argument, RuntimeError for a CUDA error."""
+    kind, msg = gather.error()
+    return _ERRORS.get(kind, RuntimeError)(msg or "the native host gather failed")
+
+
+def new_host_gather(*args):
+    """``HostGather(*args)`` of the built module (``host_gather_module()`` must not be None),
+    raising :func:`native_error` if its arguments were refused."""
+    g = host_gather_module().HostGather(*args)
+    if g.error()[0]:
+        raise native_error(g)
+    return g
+

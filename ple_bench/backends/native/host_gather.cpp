@@ -1,8 +1,25 @@
-// The CPU gather's direct path in one call: rows of host ids gathered by
-// at::index_select into pinned staging, then one cudaMemcpyAsync host->device
-// and one event record. Python pays one call instead of the ten-odd torch and
-// ctypes calls the same work costs from Python (1-9 us each on the lent H200
-// hosts: scripts/gpu/host_gather_direct.py --bisect).
+// The CPU gather's direct path in one call: the rows of host ids copied by the
+// host's cores into pinned staging (one parallel loop over the rows), then one
+// cudaMemcpyAsync host->device and one event record. Python pays one call
+// instead of the ten-odd torch and ctypes calls the same work costs from Python
+// (1-9 us each on the lent H200 hosts: scripts/gpu/host_gather_direct.py --bisect).
+//
+// The row loop, not at::index_select: index_select splits its rows into tasks of
+// 32 KiB (204 rows of 160 B), so a 1 K-row gather ran on 5 of 16 cores, and every
+// call built two tensor views (the flat ids, the staging rows) at 1-2 us each on
+// those hosts. On a lent H200 host the loop (64 rows a task) took 71-88 % of
+// index_select's time at 1-64 K rows of a 32 GiB table, timed interleaved; software
+// prefetching a few rows ahead gained nothing there and is not done
+// (scripts/gpu/host_gather_paired.py, docs/lookup-paths.md, session 6). ``configure``
+// picks the loop's rows per task, or index_select (grain 0), for A/B studies.
+//
+// Errors are returned, never thrown: on the lent H200 image (g++ 13, torch 2.11) any
+// exception thrown from this module's own code -- a failed TORCH_CHECK or one thrown
+// here -- crashed the process with a segfault (session 6, scripts/gpu/segv_repro.py),
+// while the same errors raised inside libtorch (index_select's) reached Python. A call
+// that fails returns its failure value (rows: -1, lookup: an undefined tensor, i.e.
+// None; set_staging / wait: false) and ``error()`` says why, as (kind, message) with
+// kind "index", "value" or "cuda"; ple_bench/backends/native/__init__.py raises it.
 //
 // Built without CUDA headers: the runtime calls come in as the addresses of
 // the libcudart functions that torch has loaded (ple_bench/backends/cudart.py),
@@ -10,8 +27,12 @@
 // the rows go straight into a host ``out``.
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <ctime>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,19 +69,37 @@ struct Ticks {
   }
 };
 
-void check(int err, const char* what) {
-  if (err != 0) throw std::runtime_error(std::string(what) + " failed: cudaError " + std::to_string(err));
+// rows ``ids[0..n)`` of ``table`` (``table_rows`` x ``rb`` bytes) into ``dst``, in parallel
+// tasks of at least ``grain`` rows (torch's intra-op threads: at::parallel_for, built with
+// -fopenmp so that it is torch's own OpenMP team). Returns the position of an id outside
+// the table (the first one a task met), or -1.
+template <typename I>
+int64_t copy_rows(const I* ids, int64_t n, const uint8_t* table, int64_t table_rows, int64_t rb, uint8_t* dst,
+                  int64_t grain) {
+  std::atomic<int64_t> bad{-1};
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
+      if (id >= uint64_t(table_rows)) {
+        int64_t none = -1;
+        bad.compare_exchange_strong(none, i);
+        return;
+      }
+      std::memcpy(dst + i * rb, table + id * uint64_t(rb), size_t(rb));
+    }
+  });
+  return bad.load();
 }
 
 class HostGather {
  public:
-  // table: uint8 [rows, row_bytes] on the host. out_dtype / out_device / width:
-  // what ``lookup`` allocates ([tokens, width]). memcpy/record/sync and event:
-  // 0 on the host (functional mode).
+  // table: uint8 [rows, row_bytes] on the host, contiguous. out_dtype / out_device / width:
+  // what ``lookup`` allocates ([tokens, width]). memcpy/record/sync and event: 0 on the
+  // host (functional mode). A bad argument leaves ``error()`` set (nothing is thrown).
   HostGather(at::Tensor table, at::ScalarType out_dtype, std::string out_device, int64_t width,
              int64_t threads, int64_t memcpy_addr, int64_t record_addr, int64_t sync_addr, int64_t event)
       : table_(std::move(table)),
-        row_bytes_(table_.size(1)),
+        row_bytes_(table_.dim() == 2 ? table_.size(1) : 0),
         width_(width),
         threads_(int(threads)),
         out_opts_(at::TensorOptions().dtype(out_dtype).device(at::Device(out_device))),
@@ -68,101 +107,167 @@ class HostGather {
         record_(reinterpret_cast<record_fn>(record_addr)),
         sync_(reinterpret_cast<sync_fn>(sync_addr)),
         event_(reinterpret_cast<void*>(event)) {
-    TORCH_CHECK(table_.dim() == 2 && table_.scalar_type() == at::kByte && table_.is_contiguous(),
-                "table must be a contiguous uint8 [rows, row_bytes] host tensor");
-    TORCH_CHECK(!copies() || (record_ && sync_ && event_), "a copying HostGather needs record, sync and an event");
+    if (!(table_.dim() == 2 && table_.scalar_type() == at::kByte && table_.is_contiguous() && table_.device().is_cpu()))
+      valid_ = fail("value", "table must be a contiguous uint8 [rows, row_bytes] host tensor");
+    else if (copies() && !(record_ && sync_ && event_))
+      valid_ = fail("value", "a copying HostGather needs record, sync and an event");
   }
 
   bool copies() const { return memcpy_ != nullptr; }
 
+  // (kind, message) of the last failure ("", "" when none)
+  std::vector<std::string> error() const { return {err_kind_, err_msg_}; }
+
   // pinned uint8 [capacity, row_bytes]; the caller sizes it (waits for nothing: call
-  // ``wait`` first if the last copy may still read the old one)
-  void set_staging(at::Tensor staging) {
-    TORCH_CHECK(staging.dim() == 2 && staging.size(1) == row_bytes_ && staging.scalar_type() == at::kByte &&
-                    staging.is_contiguous(),
-                "staging must be a contiguous uint8 [capacity, row_bytes] tensor");
+  // ``wait`` first if the last copy may still read the old one). False: not taken.
+  bool set_staging(at::Tensor staging) {
+    if (!(staging.dim() == 2 && staging.size(1) == row_bytes_ && staging.scalar_type() == at::kByte &&
+          staging.is_contiguous()))
+      return fail("value", "staging must be a contiguous uint8 [capacity, row_bytes] tensor");
     staging_ = std::move(staging);
+    return true;
   }
 
   int64_t capacity() const { return staging_.defined() ? staging_.size(0) : 0; }
 
   // wait (on the host) for the last copy out of staging
-  void wait() {
+  bool wait() {
     if (in_use_) {
-      check(sync_(event_), "cudaEventSynchronize");
       in_use_ = false;
+      if (const int e = sync_(event_)) return fail("cuda", "cudaEventSynchronize failed: cudaError " + std::to_string(e));
     }
+    return true;
   }
+
+  // the row loop's rows per task (0: at::index_select instead of the loop), for A/B studies
+  bool configure(int64_t grain) {
+    if (grain < 0) return fail("value", "grain must be >= 0, got " + std::to_string(grain));
+    grain_ = grain;
+    return true;
+  }
+
+  int64_t grain() const { return grain_; }
 
   // rows of ``ids`` ([tokens, heads] int64/int32, host) into ``out`` (contiguous,
   // tokens*heads*row_bytes bytes; on the device when copying, on ``stream``).
-  // Returns the calling thread's CPU seconds spent in the gather. With ``pieces``, the
-  // wall time (us) of each piece is appended: flatten, wait, narrow, gather, copy, record.
-  double rows(const at::Tensor& ids, const at::Tensor& out, int64_t stream, std::vector<double>* pieces = nullptr) {
+  // Returns the calling thread's CPU seconds spent in the gather, -1 on failure. With
+  // ``pieces``, the wall time (us) of each piece is appended: check, wait, gather, copy, record.
+  double rows(const at::Tensor& ids_in, const at::Tensor& out, int64_t stream, std::vector<double>* pieces = nullptr) {
     Ticks tick{pieces, pieces ? now_us() : 0.0};
-    const at::Tensor flat = ids.reshape({-1});
-    const int64_t n = flat.numel();
-    TORCH_CHECK(out.is_contiguous() && out.numel() * out.element_size() == n * row_bytes_,
-                "out must be contiguous with ", n * row_bytes_, " bytes");
+    if (!valid_) return fail("value", "HostGather was built with bad arguments"), -1.0;
+    if (!(ids_in.device().is_cpu() && (ids_in.scalar_type() == at::kLong || ids_in.scalar_type() == at::kInt)))
+      return fail("value", "ids must be an int64 or int32 host tensor"), -1.0;
+    const at::Tensor ids = ids_in.is_contiguous() ? ids_in : ids_in.contiguous();
+    const int64_t n = ids.numel();
+    if (!(out.is_contiguous() && out.numel() * out.element_size() == n * row_bytes_))
+      return fail("value", "out must be contiguous with " + std::to_string(n * row_bytes_) + " bytes"), -1.0;
+    tick();
+    uint8_t* dst = nullptr;
+    if (copies()) {
+      if (n > capacity())
+        return fail("value", "staging holds " + std::to_string(capacity()) + " rows, the call needs " +
+                                 std::to_string(n)), -1.0;
+      if (!wait()) return -1.0;
+      dst = static_cast<uint8_t*>(staging_.data_ptr());
+    } else {
+      dst = static_cast<uint8_t*>(out.data_ptr());
+    }
     tick();
     const int prev = at::get_num_threads();
     if (threads_ != prev) at::set_num_threads(threads_);
-    double spent = 0.0;
-    try {
-      if (!copies()) {
-        at::Tensor dest = at::from_blob(out.data_ptr(), {n, row_bytes_}, at::TensorOptions().dtype(at::kByte));
-        const double t0 = thread_cpu_s();
-        at::index_select_out(dest, table_, 0, flat);
-        spent = thread_cpu_s() - t0;
-      } else {
-        TORCH_CHECK(n <= capacity(), "staging holds ", capacity(), " rows, the call needs ", n);
-        wait();
-        tick();
-        at::Tensor stage = staging_.narrow(0, 0, n);
-        tick();
-        const double t0 = thread_cpu_s();
-        at::index_select_out(stage, table_, 0, flat);
-        spent = thread_cpu_s() - t0;
-        tick();
-        void* s = reinterpret_cast<void*>(stream);
-        check(memcpy_(out.data_ptr(), stage.data_ptr(), size_t(n * row_bytes_), kHostToDevice, s), "cudaMemcpyAsync");
-        tick();
-        check(record_(event_, s), "cudaEventRecord");
-        in_use_ = true;
-        tick();
-      }
-    } catch (...) {
-      if (threads_ != prev) at::set_num_threads(prev);
-      throw;
-    }
+    const double t0 = thread_cpu_s();
+    const bool ok = gather(ids, n, dst);
+    const double spent = thread_cpu_s() - t0;
     if (threads_ != prev) at::set_num_threads(prev);
+    if (!ok) return -1.0;
+    tick();
+    if (copies()) {
+      void* s = reinterpret_cast<void*>(stream);
+      if (const int e = memcpy_(out.data_ptr(), dst, size_t(n * row_bytes_), kHostToDevice, s))
+        return fail("cuda", "cudaMemcpyAsync failed: cudaError " + std::to_string(e)), -1.0;
+      tick();
+      if (const int e = record_(event_, s))
+        return fail("cuda", "cudaEventRecord failed: cudaError " + std::to_string(e)), -1.0;
+      in_use_ = true;
+      tick();
+    }
     last_s_ = spent;
     return spent;
   }
 
-  // a new [tokens, width] output with the rows of ``ids``
+  // a new [tokens, width] output with the rows of ``ids``; undefined (None) on failure
   at::Tensor lookup(const at::Tensor& ids, int64_t stream) {
-    TORCH_CHECK(ids.dim() == 2, "ids must be [tokens, heads]");
-    at::Tensor out = at::empty({ids.size(0), width_}, out_opts_);
-    rows(ids, out, stream);
+    if (ids.dim() != 2) return fail("value", "ids must be [tokens, heads]"), at::Tensor();
+    at::Tensor out = alloc(ids.size(0));
+    if (!out.defined() || rows(ids, out, stream) < 0) return at::Tensor();
     return out;
   }
 
   // ``lookup`` with the wall time (us) of each of its pieces, for studies of where a call's
-  // time goes (scripts/gpu/host_gather_direct.py --pieces): allocate, then ``rows``' pieces
+  // time goes (scripts/gpu/host_gather_direct.py --pieces): allocate, then ``rows``' pieces;
+  // empty on failure
   std::vector<double> lookup_pieces(const at::Tensor& ids, int64_t stream) {
-    TORCH_CHECK(copies() && ids.dim() == 2, "lookup_pieces: a copying HostGather and [tokens, heads] ids");
+    if (!copies() || ids.dim() != 2)
+      return fail("value", "lookup_pieces: a copying HostGather and [tokens, heads] ids"), std::vector<double>();
     std::vector<double> t;
     const double t0 = now_us();
-    at::Tensor out = at::empty({ids.size(0), width_}, out_opts_);
+    at::Tensor out = alloc(ids.size(0));
     t.push_back(now_us() - t0);
-    rows(ids, out, stream, &t);
+    if (!out.defined() || rows(ids, out, stream, &t) < 0) return {};
     return t;
   }
 
   double last_s() const { return last_s_; }  // the last call's gather CPU seconds
 
  private:
+  // a new [tokens, width] output (undefined on failure: an allocator error is libtorch's, caught)
+  at::Tensor alloc(int64_t tokens) {
+    try {
+      return at::empty({tokens, width_}, out_opts_);
+    } catch (const std::exception& e) {
+      fail("cuda", e.what());
+      return at::Tensor();
+    }
+  }
+
+  bool fail(const char* kind, std::string msg) {
+    err_kind_ = kind;
+    err_msg_ = std::move(msg);
+    return false;
+  }
+
+  // the rows of ``ids`` (n of them, contiguous) into ``dst`` (n * row_bytes bytes)
+  bool gather(const at::Tensor& ids, int64_t n, uint8_t* dst) {
+    const auto* table = static_cast<const uint8_t*>(table_.data_ptr());
+    const int64_t table_rows = table_.size(0);
+    if (grain_ == 0) {  // torch's own gather, for A/B studies (its errors are libtorch's: caught here)
+      try {
+        at::Tensor d = at::from_blob(dst, {n, row_bytes_}, at::TensorOptions().dtype(at::kByte));
+        at::index_select_out(d, table_, 0, ids.reshape({-1}));
+      } catch (const c10::IndexError& e) {
+        return fail("index", e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        return fail("value", e.what());
+      }
+      return true;
+    }
+    int64_t bad = -1;
+    int64_t id = 0;
+    if (ids.scalar_type() == at::kLong) {
+      const auto* p = ids.data_ptr<int64_t>();
+      bad = copy_rows(p, n, table, table_rows, row_bytes_, dst, grain_);
+      if (bad >= 0) id = p[bad];
+    } else {
+      const auto* p = ids.data_ptr<int32_t>();
+      bad = copy_rows(p, n, table, table_rows, row_bytes_, dst, grain_);
+      if (bad >= 0) id = p[bad];
+    }
+    if (bad >= 0)
+      return fail("index", "index " + std::to_string(id) + " (position " + std::to_string(bad) +
+                               ") is out of range for a table of " + std::to_string(table_rows) + " rows");
+    return true;
+  }
+
   at::Tensor table_;
   at::Tensor staging_;
   int64_t row_bytes_;
@@ -175,6 +280,10 @@ class HostGather {
   void* event_;
   bool in_use_ = false;
   double last_s_ = 0.0;
+  int64_t grain_ = 64;  // rows per task of the row loop (0: at::index_select)
+  bool valid_ = true;  // the constructor's arguments were good
+  std::string err_kind_;
+  std::string err_msg_;
 };
 
 }  // namespace
@@ -191,5 +300,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       })
       .def("lookup", &HostGather::lookup)
       .def("lookup_pieces", &HostGather::lookup_pieces)
-      .def("last_s", &HostGather::last_s);
+      .def("last_s", &HostGather::last_s)
+      .def("configure", &HostGather::configure)
+      .def("grain", &HostGather::grain)
+      .def("error", &HostGather::error);
 }
