@@ -455,6 +455,7 @@ class CaseExecutor:
         ceiling = self.host_gather_ceilings[ident]
         out: dict[str, Any] = {"host_gather_ceiling": dict(ceiling),
                                "host_gather_ceiling_ms": ceiling["ms"],
+                               "host_gather_ceiling_gather": ceiling.get("gather"),
                                "host_gather_ceiling_rows_per_s": ceiling["rows_per_s"],
                                "host_gather_ceiling_warm_ms": ceiling.get("warm_ms")}
         if ms:

@@ -28,6 +28,12 @@ Schema versions:
   ``ceiling_exceeded`` flags a lookup above :data:`CEILING_SLACK_PCT` of its ceiling.
   Version-2 records are upgraded by deriving the new flag (their ceilings stay
   the run-wide ones they were held against).
+* 4 -- the host-gather ceiling is the faster of two plain gathers: torch's
+  ``index_select`` and the native row loop that ``pinned_cpu_gather`` uses (session 6:
+  the loop alone took 71-88 % of index_select's time on an H200 host, so index_select
+  did not bound the path); ``host_gather_ceiling_gather`` names the binding one.
+  Version-3 records are upgraded with ``host_gather_ceiling_gather = "index_select"``
+  where they carry a host-gather ceiling (what they were held against).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: a lookup above this share of its ceiling says the ceiling is wrong for it (it does not
 #: bound what the lookup does), not that the lookup is fast
@@ -139,9 +145,12 @@ FIELDS: tuple[Field, ...] = (
        "then impl 'device' is device-resident and every other impl is not"),
     # host paths
     _f("host_gather_ceiling_ms", "ms", "all",
-       "host paths: a plain torch.index_select of as many uniform random rows of this table into pinned "
-       "staging plus one host->device copy, timed as host paths are (host_sync, the lookups' L2 setting; "
-       "meta.json ceilings.host_gather)"),
+       "host paths: the faster of two plain gathers of as many uniform random rows of this table into "
+       "pinned staging (torch.index_select; the native row loop pinned_cpu_gather uses, called alone), "
+       "each plus one host->device copy, timed as host paths are (host_sync, the lookups' L2 setting; "
+       "meta.json ceilings.host_gather keeps both medians; schema 3: index_select only)"),
+    _f("host_gather_ceiling_gather", "", "all",
+       "the plain gather that binds host_gather_ceiling_ms: index_select | row_loop"),
     _f("host_gather_ceiling_rows_per_s", "rows/s", "all", "rows / host_gather_ceiling_ms"),
     _f("host_gather_ceiling_warm_ms", "ms", "all",
        "the same gather back to back, warm L2, host clock around synchronized calls (the figure before "
@@ -436,6 +445,8 @@ def _derive_step(rec: dict[str, Any], twins: Mapping[str, tuple[str, float]]) ->
 def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Records of a stored run in the current schema (copies; current ones unchanged).
 
+    Version 3 records (and older) holding a host-gather ceiling get
+    ``host_gather_ceiling_gather = "index_select"``: the one gather that ceiling timed.
     Version 2 records: the derived fields are derived again (``ceiling_exceeded`` is new;
     they keep the run-wide ceilings they were held against), ``missing_fields`` lists
     the version-3 fields they lack.  Version 1 records (no ``schema_version``): nothing
@@ -465,6 +476,8 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
                 and original.get("overlap_efficiency") is not None):
             rec["legacy_overlap_efficiency"] = original.get("overlap_efficiency")
         derive(rec, ceilings, twins)
+        if _num(rec.get("host_gather_ceiling_ms")) is not None and not rec.get("host_gather_ceiling_gather"):
+            rec["host_gather_ceiling_gather"] = "index_select"  # schema <= 3: the only gather timed
         rec["upgraded_from"] = version
         rec["missing_fields"] = [k for k in keys_for(kind) if k not in stored and k not in DERIVED_KEYS
                                  and k not in _UPGRADE_FILLED and rec.get(k) is None]
@@ -472,7 +485,8 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
     return out
 
 
-_UPGRADE_FILLED = ("schema_version", "upgraded_from", "missing_fields", "row_bytes", "table_bytes")
+_UPGRADE_FILLED = ("schema_version", "upgraded_from", "missing_fields", "row_bytes", "table_bytes",
+                   "host_gather_ceiling_gather")
 _ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 

@@ -196,18 +196,48 @@ def test_ceilings_are_timed_through_measure_as_their_cases(monkeypatch):
     ex.run(_case(), pol)
     kernel_calls = list(calls)
     (host_case,) = [c for c in host_calls if c["label"] == "lookup"]
-    (gather,) = [c for c in host_calls if c["label"] == "ceiling_host_gather"]
+    gathers = [c for c in host_calls if c["label"].startswith("ceiling_host_gather_")]
+    assert gathers and gathers[0]["label"] == "ceiling_host_gather_index_select"
     (kernel_case,) = [c for c in kernel_calls if c["label"] == "lookup"]
     (rr,) = [c for c in kernel_calls if c["label"] == "ceiling_host_random_row"]
-    # the host-gather ceiling on the path its host-path case is timed on: host_sync, same L2 setting
-    assert gather["host_sync"] is host_case["host_sync"] is True
-    assert gather["cold_l2"] is host_case["cold_l2"] is True
+    # the host-gather ceiling's gathers on the path its host-path case is timed on: host_sync, same L2
+    for gather in gathers:
+        assert gather["host_sync"] is host_case["host_sync"] is True
+        assert gather["cold_l2"] is host_case["cold_l2"] is True
     # the random-row ceiling as its kernel-path case: no host_sync, the same L2 setting
     assert rr.get("host_sync", False) is kernel_case["host_sync"] is False
     assert rr["cold_l2"] is kernel_case["cold_l2"] is True
     # a bounded copy of the case's policy
-    for c in (gather, rr):
+    for c in (*gathers, rr):
         assert c["policy"].max_time_s == ceil.CEILING_MAX_TIME_S and c["policy"].min_samples == pol.min_samples
+
+
+def test_host_gather_ceiling_is_the_faster_plain_gather(monkeypatch):
+    """Both plain gathers are timed; the lower median binds and is named, the other is kept
+    beside it; both gathers give index_select's rows (the row loop is the path's own)."""
+    from ple_bench.backends.native import host_gather_module
+
+    if host_gather_module() is None:
+        pytest.skip("the native row loop is not built here")
+    table = torch.randint(0, 1 << 30, (4096, 32), dtype=torch.int32, generator=torch.Generator().manual_seed(1))
+    view = table.view(torch.uint8).view(4096, -1)
+    ids = torch.randint(0, 4096, (300,), generator=torch.Generator().manual_seed(2))
+    out = torch.full((300, view.shape[1]), 0x7F, dtype=torch.uint8)
+    ceil._row_loop(view)(ids, out)
+    assert torch.equal(out, torch.index_select(view, 0, ids))
+    real = timer_mod.measure
+    for fast in ("index_select", "row_loop"):
+        def fake(fn, *, label, **kw):
+            m = real(fn, label=label, **kw)  # the gather runs; its median is set
+            m.samples_ms = [1.0 if label.endswith(fast) else 2.0] * len(m.samples_ms)
+            return m
+
+        monkeypatch.setattr(timer_mod, "measure", fake)
+        c = ceil.host_gather_ceiling(table, 256, "cpu", policy=_policy(), warm=False)
+        assert c["gather"] == fast and c["ms"] == 1.0
+        assert (c["torch_ms"], c["row_loop_ms"]) == ((1.0, 2.0) if fast == "index_select" else (2.0, 1.0))
+    c = ceil.host_gather_ceiling(table, 256, "cpu", policy=_policy(), warm=False, row_loop=False)
+    assert c["gather"] == "index_select" and c["row_loop_ms"] is None and c["ms"] == c["torch_ms"] == 2.0
 
 
 def test_host_gather_ceiling_keeps_the_warm_figure_too():
@@ -291,7 +321,8 @@ def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
     finally:
         profiler.set_profiler_window(False)
         profiler.set_torch_trace(None)
-    assert [s[0] for s in seen] == ["ceiling_host_random_row", "ceiling_host_gather"]
+    assert [s[0] for s in seen][:2] == ["ceiling_host_random_row", "ceiling_host_gather_index_select"]
+    assert set(s[0] for s in seen[2:]) <= {"ceiling_host_gather_row_loop"}
     assert all(not window and not traced for _, window, traced in seen)
 
 

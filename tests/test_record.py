@@ -239,6 +239,21 @@ def test_upgrade_of_a_version_1_run():
     assert upgrade([current], {"ceilings": CEILINGS})[0] is current
 
 
+def test_upgrade_of_a_version_3_host_path_names_its_index_select_ceiling():
+    """Schema 3 held host paths against torch's index_select alone; upgraded, the record says so.
+    A record without a host-gather ceiling gets no gather name; a current one is left as it is."""
+    held = _lookup(impl="pinned_cpu_gather", median_ms=0.8, host_gather_ceiling_ms=0.6, schema_version=3)
+    kernel = _lookup(impl="pinned_uva", schema_version=3)
+    up_held, up_kernel = upgrade([held, kernel], {"ceilings": CEILINGS})
+    assert up_held["host_gather_ceiling_gather"] == "index_select" and up_held["upgraded_from"] == 3
+    assert "host_gather_ceiling_gather" not in up_held["missing_fields"]
+    assert up_kernel.get("host_gather_ceiling_gather") is None
+    assert "host_gather_ceiling_gather" not in held  # the stored record is not changed
+    current = derive(_lookup(impl="pinned_cpu_gather", host_gather_ceiling_ms=0.6,
+                             host_gather_ceiling_gather="row_loop", schema_version=SCHEMA_VERSION), CEILINGS)
+    assert upgrade([current], {"ceilings": CEILINGS})[0] is current
+
+
 def test_the_archived_runs_load_upgrade_and_report(tmp_path):
     from ple_bench.report import build_report
 
