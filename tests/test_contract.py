@@ -261,6 +261,12 @@ ALLOWED = {
     "scripts/gpu/host_gather_profile.py",
     # times the CPU gather's direct path layer by layer (its private steps), on purpose
     "scripts/gpu/host_gather_direct.py",
+    # times the native call inside the direct path against the ceiling, interleaved, on purpose
+    "scripts/gpu/host_gather_paired.py",
+    # calls the direct path's native object with bad arguments, on purpose
+    "scripts/gpu/native_errors.py",
+    # times the suite's case against the ceiling on the executor's own backend, on purpose
+    "scripts/gpu/host_gather_suite_ab.py",
 }
 # the contract checker reads the declared capabilities by name: that is what it checks
 NO_PROBE_RULE = {"ple_bench/testing.py"}

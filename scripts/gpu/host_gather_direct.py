@@ -246,7 +246,7 @@ def main(argv=None) -> int:
             fixed = torch.empty(tokens, HEADS * DIM, dtype=b.storage_dtype, device=dev)
             run("native_rows_fixed_out", lambda: nat.rows(nxt(), fixed, main_h))
             run("native_lookup_no_wrapper", lambda: nat.lookup(nxt(), main_h))
-            names = ("alloc", "flatten", "wait", "narrow", "gather", "copy", "record")
+            names = ("alloc", "check", "wait", "gather", "copy", "record")
             got = []
             for _ in range(500):
                 got.append(nat.lookup_pieces(nxt(), main_h))
