@@ -466,6 +466,20 @@ def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
         paths[0].finalize(out=torch.empty(tokens, heads * dim + 1, dtype=paths[0].storage_dtype))
 
 
+def test_native_build_name_follows_its_source(tmp_path, monkeypatch):
+    """Two versions of host_gather.cpp get two builds in the shared extension cache: a process
+    of one checkout never loads (or rebuilds over) the other's."""
+    from ple_bench.backends import native
+
+    names = []
+    for text in ("// one", "// two", "// one"):
+        src = tmp_path / "host_gather.cpp"
+        src.write_text(text)
+        monkeypatch.setattr(native, "SOURCE", src)
+        names.append(native._module_name())
+    assert names[0] == names[2] != names[1] and names[0].startswith("ple_bench_host_gather_")
+
+
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
 def test_native_row_loop_equals_index_select(id_dtype):
     """The native call's own row loop (every task size, and index_select itself:

@@ -11,6 +11,7 @@ Python (slower by the Python around the call: docs/lookup-paths.md)."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import sys
@@ -18,6 +19,8 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("host_gather.cpp")
+#: -fopenmp: at::parallel_for is a header template, which without it runs its loop on one thread
+CFLAGS = ["-O3", "-fopenmp"]
 
 _status: dict[str, str] = {"host_gather": "not built"}
 
@@ -25,6 +28,14 @@ _status: dict[str, str] = {"host_gather": "not built"}
 def native_status() -> str:
     """``"native"`` once the module is loaded, else why not (``"not built"`` before the first try)."""
     return _status["host_gather"]
+
+
+def _module_name() -> str:
+    """The build's name carries a hash of the source and flags: two checkouts of different
+    versions (or one switched between them) keep one build each in the shared cache, instead
+    of rebuilding over each other -- and one process loading the other's build."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    return f"ple_bench_host_gather_{digest}"
 
 
 def _ninja_on_path() -> bool:
@@ -56,8 +67,7 @@ def host_gather_module():
 
     t0 = time.perf_counter()
     try:
-        mod = cpp_extension.load(name="ple_bench_host_gather", sources=[str(SOURCE)],
-                                 extra_cflags=["-O3", "-fopenmp"], verbose=False)
+        mod = cpp_extension.load(name=_module_name(), sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure leaves the Python path
         _status["host_gather"] = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         print(f"ple_bench: the native host gather did not build ({_status['host_gather']}); "
