@@ -30,7 +30,7 @@ Schema versions:
   the run-wide ones they were held against).
 * 4 -- the host-gather ceiling is the faster of two plain gathers: torch's
   ``index_select`` and the native row loop that ``pinned_cpu_gather`` uses (session 6:
-  the loop alone took 71-88 % of index_select's time on an H200 host, so index_select
+  the loop alone took 72-89 % of index_select's time on an H200 host, so index_select
   did not bound the path); ``host_gather_ceiling_gather`` names the binding one.
   Version-3 records are upgraded with ``host_gather_ceiling_gather = "index_select"``
   where they carry a host-gather ceiling (what they were held against).

@@ -215,7 +215,7 @@ def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0
     * ``index_select`` -- ``torch.index_select`` (``torch_ms``);
     * ``row_loop`` -- the native row loop that ``pinned_cpu_gather`` uses, called alone
       (``row_loop_ms``; None where it is not built, or with ``row_loop=False``). On a lent
-      H200 host it gathered in 71-88 % of index_select's time at 1-64 K rows (session 6),
+      H200 host it gathered in 72-89 % of index_select's time at 1-64 K rows (session 6),
       so index_select alone did not bound the path that uses it.
 
     ``gather`` names the one that binds (the lower median), ``ms`` is its median.  Each is

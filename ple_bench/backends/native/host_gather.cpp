@@ -7,7 +7,7 @@
 // The row loop, not at::index_select: index_select splits its rows into tasks of
 // 32 KiB (204 rows of 160 B), so a 1 K-row gather ran on 5 of 16 cores, and every
 // call built two tensor views (the flat ids, the staging rows) at 1-2 us each on
-// those hosts. On a lent H200 host the loop (64 rows a task) took 71-88 % of
+// those hosts. On a lent H200 host the loop (64 rows a task) took 72-89 % of
 // index_select's time at 1-64 K rows of a 32 GiB table, timed interleaved; software
 // prefetching a few rows ahead gained nothing there and is not done
 // (scripts/gpu/host_gather_paired.py, docs/lookup-paths.md, session 6). ``configure``
