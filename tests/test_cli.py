@@ -232,16 +232,18 @@ def test_resume_runs_only_missing_cases(tmp_path):
 
 def test_ctrl_c_keeps_results(tmp_path):
     suite = tmp_path / "slow.toml"
-    # 256 cases on 32 tables (a table is reused across token counts): the run lasts far longer than
-    # the moment its first record appears (64 cases once finished in 3 s, before the Ctrl-C came)
-    vocabs = ", ".join(str(512 + 64 * k) for k in range(32))
+    # 64 cases on 8 tables (a table is reused across token counts): the run lasts far longer than
+    # the moment its first record appears
     suite.write_text(SUITE.format(impls='["device"]', dtypes='["fp32"]').replace(
         "num_tokens = 4", "num_tokens = [1, 2, 3, 4, 5, 6, 7, 8]").replace(
-        "vocab_size = 512", f"vocab_size = [{vocabs}]"))
+        "vocab_size = 512", "vocab_size = [512, 576, 640, 704, 768, 832, 896, 960]"))
     res = tmp_path / "res"
     proc = subprocess.Popen([sys.executable, "-m", "ple_bench", "run", "--suite", str(suite), "--results-dir",
                              str(res), "--no-report"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a run from a shell's background job inherits SIGINT ignored, and
+                            # Python then installs no KeyboardInterrupt: give the run Ctrl-C back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     records = None
     while time.monotonic() < deadline:
@@ -258,7 +260,7 @@ def test_ctrl_c_keeps_results(tmp_path):
     run_dir = records.parent
     assert results.load_meta(run_dir)["status"] == "interrupted"
     recs = results.load_records(run_dir)
-    assert 1 <= len(recs) < 256 and all(r["status"] == "ok" for r in recs)
+    assert 1 <= len(recs) < 64 and all(r["status"] == "ok" for r in recs)
 
 
 def test_list_json_and_table():
