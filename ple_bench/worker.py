@@ -167,6 +167,9 @@ class WorkerPool:
                 try:
                     replies[rank] = conn.recv()
                 except (EOFError, OSError):
+                    # its pipe closes a moment before the process can be reaped: wait for the exit
+                    # code, which says what killed it ("exit code None" was a race)
+                    self.procs[rank].join(timeout=2.0)
                     code = self.procs[rank].exitcode
                     replies[rank] = ("error", f"rank {rank} died (exit code {code})", "")
                 if replies[rank][0] == "error":
