@@ -453,6 +453,7 @@ def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
             for t in results:
                 assert torch.equal(t, ref)
     assert [b.stats()["gather_impl"] for b in paths] == ["native", "python", "general"]
+    assert callable(paths[0]._fast_lookup) and paths[1]._fast_lookup is False  # the closure ran the native lookups
     assert paths[0].host_thread_s > 0 and paths[1].host_thread_s > 0  # the direct path counts its host work too
     for b in paths[:2]:  # an id past the allocated table is refused, not read, in a lookup and a prefetch
         bad = torch.full((tokens, heads), paths[0].weight.shape[0], dtype=id_dtype)

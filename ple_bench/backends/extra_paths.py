@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import time
 from typing import Sequence
 
@@ -201,27 +202,35 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
 
     def _fast(self):
         """``lookup``'s common case as one closure: host ids of the right shape and dtype,
-        within the staging, no capture, on CUDA with the native call built -- then only
-        the NVTX range, the stream handle and the native call run (each Python step
-        around a 1 K-row gather costs 0.3-1 us on the lent hosts). Returns None where the
-        direct path does not apply; the closure returns None for a call it does not take."""
-        if self.functional or not self._direct_on or not self._direct_static_ok():
+        within the staging, no capture, the native call built -- then only the NVTX range,
+        the stream handle and the native call run (each Python step around a 1 K-row gather
+        costs 0.3-1 us on the lent hosts). Returns None where the direct path's native call
+        does not apply; the closure returns None for a call it does not take."""
+        if not self._direct_on or not self._direct_static_ok():
             return None
         st = self._direct()
         nat = st.native
         if nat is None:
             return None
         native_lookup, last_s, capacity = nat.lookup, nat.last_s, st.capacity
-        heads, index = self.num_heads, self.device.index
+        heads = self.num_heads
         id_dtypes = (torch.int64, torch.int32)
-        capturing = torch.cuda.is_current_stream_capturing
+        if self.functional:  # rows straight into a host output: no stream, no capture
+            def stream() -> int:
+                return 0
+
+            def capturing() -> bool:
+                return False
+        else:
+            stream = functools.partial(current_stream_handle, self.device.index)
+            capturing = torch.cuda.is_current_stream_capturing
 
         def fast(ids: torch.Tensor):
             if (not ids.is_cpu or ids.dim() != 2 or ids.shape[1] != heads or ids.dtype not in id_dtypes
                     or ids.numel() > capacity or capturing()):
                 return None
             with annotate("lookup", color="green"):
-                out = native_lookup(ids, current_stream_handle(index))
+                out = native_lookup(ids, stream())
             if out is None:
                 raise native_error(nat)
             self.host_thread_s += last_s()  # the calling thread's work: no other writer (deferred)
@@ -270,29 +279,24 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
             self.host_thread_s += spent
 
     def lookup(self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None) -> torch.Tensor:
-        if dp_token_counts is None:
-            fast = self._fast_lookup
-            if fast is None and self._direct_state is not None and self._direct_state.native is not None:
-                fast = self._fast_lookup = self._fast() or False
-            if fast:
-                out = fast(ids)
-                if out is not None:
-                    return out
+        fast = self._fast_lookup if dp_token_counts is None else None  # built by the first direct call
+        if fast:
+            out = fast(ids)
+            if out is not None:
+                return out
         if not self._direct_ok(ids, dp_token_counts):
             return super().lookup(ids, dp_token_counts)
         self._check_ids(ids)
         if dp_token_counts is not None:
             self.slot_size(ids.shape[0], dp_token_counts)  # refuse bad counts as the general path does
-        st = self._direct()
-        nat = st.native
-        with annotate("lookup", color="green"):
-            if nat is not None and ids.numel() <= st.capacity:  # one C++ call, the output allocated there
-                out = nat.lookup(ids, 0 if self.functional else current_stream_handle(self.device.index))
-                if out is None:
-                    raise native_error(nat)
-                with self._host_time_lock:
-                    self.host_thread_s += nat.last_s()
-                return out
+        self._direct()
+        if self._fast_lookup is None:
+            self._fast_lookup = self._fast() or False
+            if self._fast_lookup and dp_token_counts is None:
+                out = self._fast_lookup(ids)
+                if out is not None:
+                    return out
+        with annotate("lookup", color="green"):  # the Python steps, or rows past the staging
             out = torch.empty(ids.shape[0], self.num_heads * self.embedding_dim, dtype=self.storage_dtype,
                               device=self.device)
             self._direct_rows(ids, out, None if self.functional else current_stream_handle(self.device.index))
