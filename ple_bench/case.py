@@ -131,5 +131,34 @@ class Case:
         return cls(**axes, extra=tuple(sorted(dict(extra).items())))
 
 
+#: the resident step a pinned step is held against: its path axes at these values
+#: (:data:`ple_bench.record.PATH_AXES`; the graph mode is the pinned step's own and breakable)
+RESIDENT_PATH = {"impl": "device", "kernel": "", "ids_on": "device", "host_alloc": "torch", "gather_threads": 0,
+                 "cache_rows": 0, "grid_frac": 1.0, "stream_priority": 0, "sm_limit": 0, "extra": ()}
+
+
+def resident_baselines(case: Case) -> list[Case]:
+    """The resident steps a pinned step's ``offload_overhead`` needs (none for other cases):
+    the device table with ids on the device and the same workload, in the step's own graph
+    mode (its same-graph figure) and breakable (a breakable resident step also times its full
+    graph: the best graph mode a server replays)."""
+    if case.kind != "step" or case.impl == "device":
+        return []
+    modes = [case.graph] + ([] if case.graph == "breakable" else ["breakable"])
+    return [dataclasses.replace(case, graph=mode, **RESIDENT_PATH) for mode in modes]
+
+
+def with_baselines(cases: list[Case]) -> list[Case]:
+    """``cases`` and, after them, the resident baselines they lack (de-duplicated, in order)."""
+    seen = {c.case_id for c in cases}
+    out = list(cases)
+    for case in cases:
+        for base in resident_baselines(case):
+            if base.case_id not in seen:
+                seen.add(base.case_id)
+                out.append(base)
+    return out
+
+
 def _short(impl: str) -> str:
     return impl.rsplit(":", 1)[-1] if ":" in impl else impl

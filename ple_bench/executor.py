@@ -93,7 +93,6 @@ class CaseExecutor:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     groups_by_topology: dict = field(default_factory=dict)
     table: _Table | None = None
-    resident_step_ms: dict = field(default_factory=dict)
     host_gather_ceilings: dict = field(default_factory=dict)  # (table bytes, rows, row bytes) -> fields
     random_row_ceilings: dict = field(default_factory=dict)  # ceilings.random_row_key -> fields
 
@@ -509,40 +508,23 @@ class CaseExecutor:
         id_sets = ids
         ids = id_sets[0]
         self._gate(case, backend, id_sets, counts)
-        key = (case.vocab_size, case.dim, case.dtype, case.num_heads, case.num_tokens,
-               case.compute_us, case.hidden, case.graph, case.ids_on, topo)
-        # The resident baseline: the device-resident step with the same lookup kernel when the
-        # suite has one (a like-for-like storage comparison), else the resident step with the
-        # reference Triton kernel, else the device backend's default (the record names it).
-        # Like for like also in the timer: a host-blocking path's step is timed as synchronized
-        # calls on the host clock, and so is its resident baseline (a resident step records both).
-        timer = "host_sync" if (type(backend).blocks_host or case.ids_on == "host") else "cuda_event"
-        if self.device.type != "cuda":
-            timer = "host_monotonic"  # functional mode: every call is host-timed
-        kernel = backend.kernel_name
-        baseline_kernel = next((k for k in (kernel, "triton_reference", "torch_masked")
-                                if (key, k, timer) in self.resident_step_ms), None)
-        baseline = self.resident_step_ms.get((key, baseline_kernel, timer)) if baseline_kernel else None
+        # A resident step is the baseline of pinned steps on either timer (record.Peers picks the
+        # one on the pinned step's timer): timed by CUDA events, it is also timed as synchronized
+        # calls on the host clock, the timer of host-blocking paths and host ids.
+        event_timed = (self.device.type == "cuda" and not type(backend).blocks_host
+                       and case.ids_on != "host")
         # several id sets, copied into the step's static input in turn: fresh rows each step
         if len(id_sets) < 2:
             id_sets = self.id_sets_for(case, topo, 8)
         try:
             rec = step_mod.run_step_case(replace(case, grid_frac=1.0), backend, id_sets, counts, policy,
-                                         self.device, resident_baseline=baseline,
-                                         table_seed=self.table.seed,
-                                         host_sync_twin=case.impl == "device" and timer == "cuda_event")
+                                         self.device, table_seed=self.table.seed,
+                                         host_sync_twin=case.impl == "device" and event_timed)
         except NotImplementedError as exc:
             raise SkipCase(str(exc)) from exc
         except step_mod.StepMismatch as exc:
             raise InvalidCase(str(exc)) from exc
         rec.update(self._path_stats(backend, self._lookup_fn(case, backend, id_sets, counts), len(id_sets)))
-        if case.impl == "device" and rec.get("step_ms") is not None:
-            self.resident_step_ms[(key, kernel, rec["timer"])] = rec["step_ms"]
-            if rec.get("step_host_sync_ms") is not None:
-                self.resident_step_ms[(key, kernel, "host_sync")] = rec["step_host_sync_ms"]
-        if baseline is not None and case.impl != "device":
-            rec["offload_baseline"] = f"device · {baseline_kernel}"
-            rec["offload_baseline_timer"] = timer
         if topo.world_size > 1:
             rec.update(_slowest_rank(rec))
         rows = ids.numel()
@@ -591,7 +573,7 @@ def _lockstep(policy):
     or a collective inside the timed function would wait forever."""
     n = max(policy.min_samples, min(policy.max_samples, 30))
     return replace(policy, min_samples=n, max_samples=n, max_time_s=1e9, min_time_s=0.0,
-                   max_noise=0.0, warmup_ms=0.0)
+                   max_noise=0.0, warmup_ms=0.0, remeasure_unstable=False)
 
 
 def _measurement_fields(meas) -> dict[str, Any]:
@@ -607,6 +589,7 @@ def _measurement_fields(meas) -> dict[str, Any]:
     clocks = [c for c in meas.sm_clock_mhz if c is not None]
     out["sm_clock_mhz"] = sorted(clocks)[len(clocks) // 2] if clocks else None
     out["stopped_by"] = meas.stopped_by
+    out["unstable"] = bool(getattr(meas, "unstable", False))
     return out
 
 

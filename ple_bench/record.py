@@ -29,11 +29,20 @@ Schema versions:
   Version-2 records are upgraded by deriving the new flag (their ceilings stay
   the run-wide ones they were held against).
 * 4 -- the host-gather ceiling is the faster of two plain gathers: torch's
-  ``index_select`` and the native row loop that ``pinned_cpu_gather`` uses (session 6:
-  the loop alone took 72-89 % of index_select's time on an H200 host, so index_select
-  did not bound the path); ``host_gather_ceiling_gather`` names the binding one.
+  ``index_select`` and the native row loop that ``pinned_cpu_gather`` uses (on the H200
+  hosts the loop alone took 72-89 % of index_select's time, so index_select did not bound
+  the path); ``host_gather_ceiling_gather`` names the binding one.
   Version-3 records are upgraded with ``host_gather_ceiling_gather = "index_select"``
   where they carry a host-gather ceiling (what they were held against).
+* 5 -- ``offload_overhead`` is derived here from the run's records (:class:`Peers`), against
+  the resident step a server would run instead: ids on the device, the same workload
+  (:func:`baseline_key`: table, shape, heads, tokens, compute, id distribution, seed,
+  prefetch, topology), its fastest graph mode (a full graph where captured), on the pinned
+  step's own timer; ``offload_baseline*`` name it; ``offload_overhead_same_graph`` holds the
+  step against the resident step of its own graph mode.  Resident steps carry none.
+  Older records are upgraded by deriving these again; the stored figure (held against the
+  last resident step measured with the same table, shape, tokens, compute, graph mode and
+  ids placement) is kept as ``legacy_offload_overhead``.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: a lookup above this share of its ceiling says the ceiling is wrong for it (it does not
 #: bound what the lookup does), not that the lookup is fast
@@ -96,6 +105,11 @@ FIELDS: tuple[Field, ...] = (
     _f("throttled_samples", "samples", "all", "flagged samples (left out of the summary unless all are)"),
     _f("dropped_samples", "samples", "all", "samples the timer dropped"),
     _f("stopped_by", "", "all", "what ended sampling (noise target, time budget, sample cap)"),
+    _f("unstable", "", "all",
+       "the samples' first and second halves disagreed beyond their noise (measure.stats.halves_disagree) in "
+       "the measurement and in its one re-measurement: the figure is not to be trusted (a step: any of its "
+       "measurements, named in unstable_measurements)"),
+    _f("unstable_measurements", "", "step", "the step's measurements that were unstable (step, lookup, compute, ...)"),
     _f("sm_clock_mhz", "MHz", "all", "median SM clock over the samples"),
     _f("event_samples_ms", "ms", "lookup", "host_sync timer: the CUDA events' time of the same calls"),
     _f("hot_median_ms", "ms", "lookup", "median with a warm L2 (the same lookup, no flush)"),
@@ -186,6 +200,9 @@ FIELDS: tuple[Field, ...] = (
     _f("compute_in_step_samples_ms", "ms", "step", "raw in-step compute-region samples"),
     _f("compute_region_alone_ms", "ms", "step", "the compute region without a lookup"),
     _f("compute_region_alone_samples_ms", "ms", "step", "raw compute-region-alone samples"),
+    _f("compute_region_graph", "", "step",
+       "the graph mode the compute regions were timed in: the case's own where its events can be recorded "
+       "there (eager, breakable), else eager (a full-graph case)"),
     _f("exposed_ms", "ms", "step", "step_ms - compute_ms: the lookup time the compute did not hide"),
     _f("overlap_efficiency", "", "step",
        "prefetch steps only: 1 - exposed_ms / exposed_ms of overlap_twin (the same step, prefetch off); not "
@@ -195,21 +212,39 @@ FIELDS: tuple[Field, ...] = (
        derived=True),
     _f("compute_slowdown", "", "step",
        "compute_in_step_ms / compute_region_alone_ms - 1 (how much the side-stream lookup slows the compute "
-       "beside it); None without compute (compute_us = 0), and None for a host path's eager step "
+       "beside it), both timed in compute_region_graph; None without compute (compute_us = 0), and None for a host path's eager step "
        "(compute_slowdown_note says why: its compute is launched by the thread that does the lookup)",
        derived=True),
     _f("compute_slowdown_note", "", "step",
        "why compute_slowdown is not given for this step (a host path's eager compute), else None"),
     _f("offload_overhead", "", "step",
-       "step_ms / step_ms of offload_baseline - 1: against the like-for-like device-resident step"),
-    _f("offload_baseline", "", "step", "the resident step offload_overhead is measured against ('device · <kernel>')"),
-    _f("offload_baseline_timer", "", "step", "the timer of both steps of offload_overhead"),
+       "pinned steps: step_ms / offload_baseline_ms - 1, against the resident step a server would run instead "
+       "(see offload_baseline); None for resident steps, and where the run has no such step "
+       "(offload_baseline_note says why)", derived=True),
+    _f("offload_baseline", "", "step",
+       "the case_id of that resident step: impl device, ids on the device, the same table, shape, heads, tokens, "
+       "compute, id distribution, seed, prefetch and topology, in its fastest graph mode measured (a full graph "
+       "where it was captured), on this step's timer", derived=True),
+    _f("offload_baseline_ms", "ms", "step", "the baseline's step time on this step's timer", derived=True),
+    _f("offload_baseline_graph", "", "step", "the graph mode of the baseline figure (eager, breakable, full)",
+       derived=True),
+    _f("offload_baseline_timer", "", "step", "the timer of both steps of offload_overhead", derived=True),
+    _f("offload_baseline_note", "", "step", "why offload_overhead is None for a pinned step", derived=True),
+    _f("offload_overhead_same_graph", "", "step",
+       "step_ms / offload_baseline_same_graph_ms - 1: against the resident step in this step's own graph mode "
+       "(same rule otherwise), so the cost of the graph mode shows apart from the cost of the table's place",
+       derived=True),
+    _f("offload_baseline_same_graph", "", "step", "the case_id of that same-graph resident step", derived=True),
+    _f("offload_baseline_same_graph_ms", "ms", "step", "its step time on this step's timer", derived=True),
     _f("step_host_sync_ms", "ms", "step", "resident steps: the same step on the host-sync timer"),
     _f("step_host_sync_samples_ms", "ms", "step", "raw host-sync samples of it"),
     _f("graph_break_cost_ms", "ms", "step", "breakable step - full-graph step (one rank, where capturable)"),
     _f("graph_break_cost_note", "", "step", "why the full-graph step could not be measured"),
     _f("full_step_ms", "ms", "step", "the step as one full CUDA graph"),
     _f("full_step_samples_ms", "ms", "step", "raw full-graph step samples"),
+    _f("full_step_host_sync_ms", "ms", "step",
+       "resident breakable steps: the full-graph step on the host-sync timer (the baseline of host-timed steps)"),
+    _f("full_step_host_sync_samples_ms", "ms", "step", "raw host-sync samples of it"),
     _f("compute_matmuls", "", "step", "chained matmuls of the compute"),
     _f("compute_target_us", "us", "step", "the compute the calibration aimed at (compute_us)"),
     _f("matmul_us", "us", "step", "one matmul, calibrated"),
@@ -228,6 +263,10 @@ FIELDS: tuple[Field, ...] = (
     _f("missing_fields", "", "all", "an upgraded record: the fields of its kind it lacks (not measured then)"),
     _f("pct_of_random_row_ceiling", "%", "lookup",
        "legacy (version 1): 100 x gbps / the best random-row ceiling", legacy=True),
+    _f("legacy_offload_overhead", "", "step",
+       "legacy (version <= 4): offload_overhead as stored, against the resident step the run's executor had "
+       "last measured with the same table, shape, tokens, compute, graph mode and ids placement (not the id "
+       "distribution, prefetch, nor ids on the device)", legacy=True),
     _f("legacy_overlap_efficiency", "", "step",
        "legacy (version 1): clamp(1 - exposed_ms / lookup_ms, 0, 1), as stored", legacy=True),
 )
@@ -313,6 +352,91 @@ def twins_of(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, float
     return out
 
 
+#: case axes that name the path, not the workload: a pinned step's resident baseline may differ in
+#: these (it is the device table, ids on the device, in its own best graph mode)
+PATH_AXES = ("impl", "kernel", "graph", "ids_on", "host_alloc", "gather_threads", "cache_rows", "grid_frac",
+             "stream_priority", "sm_limit", "extra")
+
+
+def baseline_key(rec: Mapping[str, Any]) -> str:
+    """The key a step shares with the resident step a server would run instead: every case
+    axis but the path's own (:data:`PATH_AXES`) -- the table, shape, heads, tokens, compute,
+    id distribution and seed, prefetch and topology."""
+    from .case import Case
+    import dataclasses
+
+    axes = {}
+    for f in dataclasses.fields(Case):
+        if f.name in PATH_AXES:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        axes[f.name] = rec.get(f.name, default)
+    return json.dumps(axes, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class ResidentFigure:
+    """One figure of a resident step that can be a baseline: its case, graph mode and timer."""
+
+    case_id: str
+    graph: str
+    timer: str
+    ms: float
+
+
+def resident_figures(rec: Mapping[str, Any]) -> list[ResidentFigure]:
+    """The baseline figures a resident step record offers (none unless it is an ok device-table
+    step with ids on the device): its own step on its timer, its host-sync twin, and the full
+    graph of a breakable step on either timer."""
+    if (rec.get("kind") != "step" or rec.get("status") != "ok" or not device_resident(rec)
+            or (rec.get("ids_on") or "device") != "device"):
+        return []
+    cid, graph, timer = str(rec.get("case_id")), str(rec.get("graph") or "eager"), str(rec.get("timer"))
+    out = []
+    for ms_key, g, t in (("step_ms", graph, timer), ("step_host_sync_ms", graph, "host_sync"),
+                         ("full_step_ms", "full", timer), ("full_step_host_sync_ms", "full", "host_sync")):
+        ms = _num(rec.get(ms_key))
+        if ms is not None and ms > 0:
+            out.append(ResidentFigure(cid, g, t, ms))
+    return out
+
+
+class Peers:
+    """What a record's derived figures read from the other records of its run: the
+    prefetch-off twins (``overlap_efficiency``) and the resident steps (``offload_overhead``).
+    :meth:`add` a record once it is derived; :meth:`of` the records of a stored run."""
+
+    def __init__(self, twins: Mapping[str, tuple[str, float]] | None = None) -> None:
+        self.twins: dict[str, tuple[str, float]] = dict(twins or {})
+        self.residents: dict[str, list[ResidentFigure]] = {}
+
+    @classmethod
+    def of(cls, records: Iterable[Mapping[str, Any]]) -> "Peers":
+        peers = cls()
+        for r in records:
+            peers.add(r)
+        return peers
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        if is_prefetch_off_twin(rec):
+            self.twins[twin_key(rec)] = (str(rec.get("case_id")), float(rec["exposed_ms"]))
+        figures = resident_figures(rec)
+        if figures:
+            self.residents.setdefault(baseline_key(rec), []).extend(figures)
+
+    def baseline(self, rec: Mapping[str, Any], graph: str | None = None) -> ResidentFigure | None:
+        """The resident figure ``rec`` is held against: same baseline key, ``rec``'s timer, the
+        fastest graph mode (or ``graph`` only); None when the run has none."""
+        timer = str(rec.get("timer"))
+        found = [f for f in self.residents.get(baseline_key(rec), ())
+                 if f.timer == timer and (graph is None or f.graph == graph)]
+        return min(found, key=lambda f: f.ms) if found else None
+
+
+def _peers(peers: "Peers | Mapping[str, tuple[str, float]] | None") -> Peers:
+    return peers if isinstance(peers, Peers) else Peers(peers)
+
+
 def device_resident(rec: Mapping[str, Any]) -> bool:
     """The table is in device memory: the declared capability when the record has it,
     else impl == "device"."""
@@ -393,10 +517,10 @@ def _bytes(rec: Mapping[str, Any]) -> float | None:
 
 
 def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
-           twins: Mapping[str, tuple[str, float]] | None = None) -> dict[str, Any]:
+           peers: "Peers | Mapping[str, tuple[str, float]] | None" = None) -> dict[str, Any]:
     """Fill the derived fields of ``rec`` (in place; also returned): the one place
-    they are computed.  ``ceilings``: meta.json's; ``twins``: :func:`twins_of` of the
-    run's records so far (prefetch-off steps)."""
+    they are computed.  ``ceilings``: meta.json's; ``peers``: :class:`Peers` of the run's
+    records so far (or only its prefetch-off twins, :func:`twins_of`)."""
     ceilings = ceilings or {}
     rec["schema_version"] = SCHEMA_VERSION
     kind = rec.get("kind") or "lookup"
@@ -404,7 +528,7 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
                 "ceiling_exceeded"):
         rec[key] = None
     if kind == "step":
-        _derive_step(rec, twins or {})
+        _derive_step(rec, _peers(peers))
         return rec
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     if rec.get("status") != "ok":
@@ -419,10 +543,11 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
     return rec
 
 
-def _derive_step(rec: dict[str, Any], twins: Mapping[str, tuple[str, float]]) -> None:
+def _derive_step(rec: dict[str, Any], peers: Peers) -> None:
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
+    _derive_offload(rec, peers)
     if rec.get("status") == "ok" and rec.get("prefetch"):
-        twin = twins.get(twin_key(rec))
+        twin = peers.twins.get(twin_key(rec))
         exposed = _num(rec.get("exposed_ms"))
         if twin is not None:
             rec["overlap_twin"] = twin[0]
@@ -440,11 +565,43 @@ def _derive_step(rec: dict[str, Any], twins: Mapping[str, tuple[str, float]]) ->
     # else: an upgraded record without the regions keeps its stored figure
 
 
+_OFFLOAD_KEYS = ("offload_overhead", "offload_baseline", "offload_baseline_ms", "offload_baseline_graph",
+                 "offload_baseline_timer", "offload_baseline_note", "offload_overhead_same_graph",
+                 "offload_baseline_same_graph", "offload_baseline_same_graph_ms")
+
+
+def _derive_offload(rec: dict[str, Any], peers: Peers) -> None:
+    """``offload_overhead`` of a pinned step against the resident step a server would run
+    instead (:meth:`Peers.baseline`), and against the resident step of its own graph mode."""
+    for key in _OFFLOAD_KEYS:
+        rec[key] = None
+    if rec.get("status") != "ok" or device_resident(rec):
+        return  # resident steps carry no overhead: they are the reference
+    step_ms = _num(rec.get("step_ms"))
+    best = peers.baseline(rec)
+    if best is None:
+        rec["offload_baseline_note"] = (
+            f"the run has no resident step (impl device, ids on the device) with this step's table, shape, "
+            f"tokens, compute, id distribution, seed, prefetch and topology on its timer ({rec.get('timer')})")
+        return
+    rec.update(offload_baseline=best.case_id, offload_baseline_ms=best.ms, offload_baseline_graph=best.graph,
+               offload_baseline_timer=best.timer)
+    if step_ms is not None:
+        rec["offload_overhead"] = step_ms / best.ms - 1.0
+    same = peers.baseline(rec, graph=str(rec.get("graph") or "eager"))
+    if same is not None:
+        rec.update(offload_baseline_same_graph=same.case_id, offload_baseline_same_graph_ms=same.ms)
+        if step_ms is not None:
+            rec["offload_overhead_same_graph"] = step_ms / same.ms - 1.0
+
+
 # ------------------------------------------------------------------ upgrades
 
 def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Records of a stored run in the current schema (copies; current ones unchanged).
 
+    Version 4 records (and older): the offload figures are derived again with :class:`Peers`
+    (schema 5), the stored ``offload_overhead`` kept as ``legacy_offload_overhead``.
     Version 3 records (and older) holding a host-gather ceiling get
     ``host_gather_ceiling_gather = "index_select"``: the one gather that ceiling timed.
     Version 2 records: the derived fields are derived again (``ceiling_exceeded`` is new;
@@ -463,7 +620,7 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
         return records
     fixed = [(_upgrade_fields(dict(r)) if _version(r) == 1 else dict(r)) if _version(r) < SCHEMA_VERSION else r
              for r in records]
-    twins = twins_of(fixed)
+    peers = Peers.of(fixed)
     out = []
     for original, rec in zip(records, fixed):
         version = _version(original)
@@ -475,7 +632,9 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
         if (version == 1 and kind == "step" and original.get("prefetch")
                 and original.get("overlap_efficiency") is not None):
             rec["legacy_overlap_efficiency"] = original.get("overlap_efficiency")
-        derive(rec, ceilings, twins)
+        if kind == "step" and _num(original.get("offload_overhead")) is not None:
+            rec["legacy_offload_overhead"] = original.get("offload_overhead")
+        derive(rec, ceilings, peers)
         if _num(rec.get("host_gather_ceiling_ms")) is not None and not rec.get("host_gather_ceiling_gather"):
             rec["host_gather_ceiling_gather"] = "index_select"  # schema <= 3: the only gather timed
         rec["upgraded_from"] = version
@@ -526,4 +685,5 @@ def markdown() -> str:
 
 __all__ = ["SCHEMA_VERSION", "CEILING_SLACK_PCT", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS",
            "HOST_ALLOC_KEYS", "keys_for", "derive", "choose_ceiling", "row_ceiling", "twin_key", "twins_of",
+           "Peers", "baseline_key", "resident_figures", "PATH_AXES",
            "upgrade", "markdown", "device_resident"]

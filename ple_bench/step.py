@@ -146,6 +146,9 @@ class DecodeStep:
         self._lookup = eager_break(self._lookup_into)
 
         self._probe: Stopwatch | None = None
+        self._region_breaks = False  # capturing the instrumented graph of compute_region_samples
+        self._start_break = eager_break(self._region_start)
+        self._stop_break = eager_break(self._region_stop)
         self._runners: dict[tuple[str, str], Callable[[], Any]] = {}
         self.graphs: dict[tuple[str, str], BreakableGraph] = {}  # (body, mode) -> captured graph
         self.compute_target_us = compute_us
@@ -224,12 +227,10 @@ class DecodeStep:
             counts = self._counts_arg
             if self.prefetch:
                 self._start(self.ids, counts)
-            if self._probe is not None:
-                self._probe.start()
+            self._mark(True)
             with annotate("compute", color="cyan"):
                 x = self.compute()
-            if self._probe is not None:
-                self._probe.stop()
+            self._mark(False)
             if self.prefetch:
                 self._finalize(out=self.rows)
             else:
@@ -248,11 +249,9 @@ class DecodeStep:
         """The step without the lookup: compute, then the consumer on the rows
         already in :attr:`rows`."""
         with annotate("step_compute", color="cyan"):
-            if self._probe is not None:
-                self._probe.start()
+            self._mark(True)
             x = self.compute()
-            if self._probe is not None:
-                self._probe.stop()
+            self._mark(False)
             return self.consume(x, self.rows)
 
     def runner(self, kind: str = "step", mode: str | None = None) -> Callable[[], Any]:
@@ -333,19 +332,70 @@ class DecodeStep:
         return count
 
     # ------------------------------------------------------------ instrumented runs
+    def region_mode(self, mode: str) -> str:
+        """The graph mode the compute region can be timed in for a step of graph ``mode``: the
+        same mode where the region's events can be recorded in it (eager; breakable, where the
+        events are eager breaks between the compute's graph segment and the lookup's calls),
+        else eager (a full graph: its events would be nodes inside one graph)."""
+        if mode == "breakable" and (self.device.type == "cuda" or self._graph_factory is not None):
+            return "breakable"
+        return "eager"
+
+    def _region_start(self) -> None:
+        if self._probe is not None:
+            self._probe.start()
+
+    def _region_stop(self) -> None:
+        if self._probe is not None:
+            self._probe.stop()
+
     def compute_region_samples(self, body: str, n: int, feed: Callable[[], None] | None = None,
-                               warmup: int = 2) -> list[float]:
-        """Eager runs of body ``step`` or ``compute`` with the compute region timed
-        (events on the main stream): the compute while the lookup runs beside it,
-        or alone."""
-        fn = {"step": self.body_step, "compute": self.body_compute}[body]
+                               warmup: int = 2, mode: str = "eager") -> list[float]:
+        """Runs of body ``step`` or ``compute`` in graph ``mode`` (:meth:`region_mode`) with
+        the compute region timed (events on the main stream): the compute while the lookup
+        runs beside it, or alone.  In breakable mode the events are recorded by eager breaks
+        around the compute's graph segment, so the region is the replayed compute, as in the
+        case's step (the breaks are in this instrumented graph only, not in the timed one)."""
         probe = Stopwatch(self.device)  # events on the main stream (host clock in functional mode)
         self._probe = probe
         try:
+            if mode == "eager":
+                fn = {"step": self.body_step, "compute": self.body_compute}[body]
+            else:
+                fn = self._instrumented(body, mode)  # repeat_timed skips the capture's regions
             return repeat_timed(fn, device=self.device, warmup=warmup, min_repeats=n, before=feed,
                                 region=probe).samples_ms
         finally:
             self._probe = None
+
+    def _instrumented(self, body: str, mode: str) -> Callable[[], Any]:
+        """Body ``body`` captured in ``mode`` with the region's events as eager breaks."""
+        key = (f"{body}_region", mode)
+        if key not in self._runners:
+            self._region_breaks = True
+            try:
+                fn = {"step": self.body_step, "compute": self.body_compute}[body]
+                graph = self._graph_factory(mode) if self._graph_factory is not None else BreakableGraph(
+                    mode, device=self.device)
+                with annotate(f"capture_{body}_region_{mode}", color="gray"):
+                    graph.capture(fn, warmup=2)
+            finally:
+                self._region_breaks = False
+            self.graphs[key] = graph
+            self._runners[key] = graph.replay
+        return self._runners[key]
+
+    def _mark(self, start: bool) -> None:
+        """Start or stop the region probe: an eager break while an instrumented graph is
+        captured (so its replay records the events between segments), else a plain call."""
+        if self._probe is None:
+            return
+        if self._region_breaks:
+            (self._start_break if start else self._stop_break)()
+        elif start:
+            self._probe.start()
+        else:
+            self._probe.stop()
 
 
 def _agree_max(value: int, device: torch.device) -> int:
@@ -449,7 +499,8 @@ def _lockstep(policy):
         return policy
     n = max(policy.min_samples, min(policy.max_samples, 30))
     changes: dict[str, Any] = {"min_samples": n, "max_samples": n}
-    for name, value in (("max_time_s", 1e9), ("min_time_s", 0.0), ("max_noise", 0.0), ("warmup_ms", 0.0)):
+    for name, value in (("max_time_s", 1e9), ("min_time_s", 0.0), ("max_noise", 0.0), ("warmup_ms", 0.0),
+                        ("remeasure_unstable", False)):
         if name in names:
             changes[name] = value
     return dataclasses.replace(policy, **changes)
@@ -476,7 +527,6 @@ def run_step_case(
     dp_token_counts: Sequence[int] | None,
     policy,
     device,
-    resident_baseline: float | dict | None = None,
     *,
     table_seed: int | None = None,
     measure_fn: Callable[..., Any] | None = None,
@@ -488,8 +538,7 @@ def run_step_case(
     a list), copied in turn into the static input before each step.
     ``table_seed``: the seed the table was filled with (``fill_synthetic``); the
     reference is ``synthetic_rows`` of it (without it, the backend's plain
-    lookup).  ``resident_baseline``: the device-resident step of the same shape
-    (its ``step_ms``, or its record).
+    lookup).
 
     Keys (ms unless noted; ``*_samples_ms`` are the raw samples):
     ``step_ms`` the step in the case's graph mode (also ``median_ms`` /
@@ -500,8 +549,8 @@ def run_step_case(
     ``compute_in_step_ms`` / ``compute_region_alone_ms`` the compute region in the
     step and alone (events around the matmuls on the main stream), from which
     :func:`ple_bench.record.derive` computes ``compute_slowdown``, as it computes
-    ``overlap_efficiency`` against the prefetch-off twin; ``offload_overhead`` =
-    step / resident step - 1; ``graph_break_cost_ms`` = breakable step - full
+    ``overlap_efficiency`` against the prefetch-off twin, and ``offload_overhead``
+    against the run's resident step (:class:`ple_bench.record.Peers`); ``graph_break_cost_ms`` = breakable step - full
     step (breakable cases on one rank, when a full graph can be captured);
     ``compute_matmuls``, ``matmul_us`` (calibrated), ``compute_target_us``;
     with ``sm_limit`` > 0 (the prefetch side stream on a green context of that
@@ -510,8 +559,10 @@ def run_step_case(
     ``timer``: ``host_sync`` (synchronized calls, host clock, no spin hold)
     for a host-blocking backend or host ids, else ``cuda_event``; all three
     measurements of a case use the same one.  ``host_sync_twin``: also time the
-    step with the host-sync timer (``step_host_sync_ms``), for a resident step
-    that must be the like-for-like baseline of host-blocking paths.
+    step with the host-sync timer (``step_host_sync_ms``, and ``full_step_host_sync_ms``
+    for a breakable step's full graph), for a resident step that is the baseline of
+    host-timed steps.  ``unstable``: a measurement whose halves disagreed twice
+    (:func:`ple_bench.measure.measure`), named in ``unstable_measurements``.
 
     ``NotImplementedError`` (-> skipped) for what cannot run here;
     :class:`StepMismatch` (-> invalid) for a wrong result."""
@@ -549,7 +600,7 @@ def run_step_case(
     )
     try:
         rec = _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
-                            resident_baseline, measure_fn, host_sync, host_sync_twin)
+                            measure_fn, host_sync, host_sync_twin)
     finally:
         step.close()
     if sm_limit:
@@ -566,7 +617,7 @@ def run_step_case(
 
 
 def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device, multi,
-                  resident_baseline, measure_fn, host_sync: bool = False,
+                  measure_fn, host_sync: bool = False,
                   host_sync_twin: bool = False) -> dict[str, Any]:
     check_step(step, sets, table_seed, counts)
 
@@ -582,17 +633,23 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
             runner()
         return fn
 
+    unstable: list[str] = []
+
     def sample(runner: Callable[[], Any], label: str, sync: bool = host_sync):
         kwargs = {"host_sync": True} if sync else {}
-        return measure_fn(timed(runner), device=device, policy=pol, cold_l2=False, label=label, **kwargs)
+        m = measure_fn(timed(runner), device=device, policy=pol, cold_l2=False, label=label, **kwargs)
+        if getattr(m, "unstable", False):
+            unstable.append(label)
+        return m
 
     step_m = sample(step.runner("step"), "step")
     lookup_m = sample(step.runner("lookup"), "step_lookup")
     compute_m = sample(step.runner("compute"), "step_compute")
 
     n_region = max(REGION_SAMPLES[0], min(REGION_SAMPLES[1], len(step_m.samples_ms)))
-    in_step = step.compute_region_samples("step", n_region, feed)
-    alone = step.compute_region_samples("compute", n_region, feed)
+    region_mode = step.region_mode(case.graph)
+    in_step = step.compute_region_samples("step", n_region, feed, mode=region_mode)
+    alone = step.compute_region_samples("compute", n_region, feed, mode=region_mode)
 
     rec: dict[str, Any] = {}
     stats = step_m.stats()
@@ -611,23 +668,23 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
         compute_ms=compute_ms, compute_samples_ms=list(compute_m.samples_ms),
         compute_in_step_ms=_median(in_step), compute_in_step_samples_ms=in_step,
         compute_region_alone_ms=_median(alone), compute_region_alone_samples_ms=alone,
+        compute_region_graph=region_mode,
         exposed_ms=exposed,
         timer=getattr(step_m, "timer", "cuda_event" if device.type == "cuda" else "host_monotonic"),
         stopped_by=getattr(step_m, "stopped_by", None),
         compute_matmuls=step.compute_matmuls, compute_target_us=case.compute_us,
         matmul_us=step.matmul_us,
     )
-    base = resident_baseline.get("step_ms") if isinstance(resident_baseline, dict) else resident_baseline
-    rec["offload_overhead"] = step_ms / base - 1.0 if base else None
-
+    twin_wanted = host_sync_twin and not host_sync
     rec["step_host_sync_ms"] = rec["step_host_sync_samples_ms"] = None
-    if host_sync_twin and not host_sync:
+    if twin_wanted:
         twin = sample(step.runner("step"), "step_host_sync", sync=True)
         rec.update(step_host_sync_ms=twin.stats()["median_ms"], step_host_sync_samples_ms=list(twin.samples_ms))
     if getattr(step_m, "event_samples_ms", None):
         rec["step_event_samples_ms"] = list(step_m.event_samples_ms)
 
     rec["graph_break_cost_ms"] = rec["full_step_ms"] = rec["full_step_samples_ms"] = None
+    rec["full_step_host_sync_ms"] = rec["full_step_host_sync_samples_ms"] = None
     if case.graph == "breakable" and not multi:
         try:
             step.check_mode("full")
@@ -639,6 +696,12 @@ def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device,
             full_ms = full_m.stats()["median_ms"]
             rec.update(full_step_ms=full_ms, full_step_samples_ms=list(full_m.samples_ms),
                        graph_break_cost_ms=step_ms - full_ms)
+            if twin_wanted:  # the full graph on the host-sync timer: the baseline of host-timed steps
+                full_sync = sample(step.runner("step", "full"), "step_full_host_sync", sync=True)
+                rec.update(full_step_host_sync_ms=full_sync.stats()["median_ms"],
+                           full_step_host_sync_samples_ms=list(full_sync.samples_ms))
+    rec["unstable"] = bool(unstable)
+    rec["unstable_measurements"] = unstable or None
     return rec
 
 

@@ -115,7 +115,7 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:  # pragma: no cover
         tomllib = None  # type: ignore[assignment]
 
-from .case import GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case
+from .case import GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case, with_baselines
 from .parallel import Topology, TopologyError
 from . import workload
 
@@ -458,6 +458,7 @@ TIMING: dict[str, tuple[Callable[[Any], Any], str]] = {
     "graph": (lambda v: _bool(v), "true or false"),
     "throttle_threshold": (_float(0.0, 1.0), "a number in [0, 1]"),
     "id_sets": (_int(1), "an integer >= 1"),
+    "remeasure_unstable": (lambda v: _bool(v), "true or false"),
 }
 # The same keys as ple_bench.measure.TimingPolicy (tests/test_suite.py keeps them in step).
 
@@ -700,7 +701,8 @@ class _SuiteParser:
         groups: list[SuiteGroup] = []
         for index, raw in enumerate(groups_raw, 1):
             group, group_cases = self._group(index, raw, default_axes)
-            for case in group_cases:
+            # a pinned step's resident baselines join its group (record.Peers needs them)
+            for case in with_baselines(group_cases):
                 if case.case_id not in cases:
                     cases[case.case_id] = case
                     group.case_ids.append(case.case_id)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import provenance
-from .case import Case
+from .case import Case, with_baselines
 from .dispatch import CaseDispatcher
 from .results import RunWriter, new_run_id
 
@@ -64,8 +64,9 @@ def select_cases(cases: list[Case], patterns: list[str]) -> list[Case]:
 
     if not patterns:
         return cases
-    return [c for c in cases if any(fnmatch.fnmatchcase(c.case_id, p) or c.case_id.startswith(p)
-                                     for p in patterns)]
+    chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.case_id, p) or c.case_id.startswith(p)
+                                      for p in patterns)]
+    return with_baselines(chosen)  # a chosen pinned step brings its resident baselines
 
 
 def table_in_host_memory(impl: str) -> bool | None:
@@ -79,16 +80,15 @@ def table_in_host_memory(impl: str) -> bool | None:
         return None
 
 
-def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any],
-                  twins: dict[str, tuple[str, float]]) -> None:
+def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) -> None:
     """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
-    are computed), then the record joins ``twins`` if it is a prefetch-off step."""
+    are computed), then the record joins ``peers`` (:class:`ple_bench.record.Peers`: the
+    overlap twins and resident baselines of the records after it)."""
     from . import record
 
     rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
-    record.derive(rec, meta.get("ceilings") or {}, twins)
-    if record.is_prefetch_off_twin(rec):
-        twins[record.twin_key(rec)] = (rec["case_id"], float(rec["exposed_ms"]))
+    record.derive(rec, meta.get("ceilings") or {}, peers)
+    peers.add(rec)
 
 
 class _Progress:
@@ -142,10 +142,10 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
     executor = CaseDispatcher(options, meta, writer)
-    from .record import twins_of
+    from .record import Peers
     from .results import load_records
 
-    twins = twins_of(load_records(run_dir)) if done else {}  # prefetch-off steps: overlap twins
+    twins = Peers.of(load_records(run_dir) if done else [])  # overlap twins and resident baselines
     try:
         for case in todo:
             progress.start(case.case_id)

@@ -217,7 +217,6 @@ class TorchrunRanks:
         world, rank = self.torchrun_world, self.inproc.rank
         self.inproc.release_table()
         self.inproc.groups_by_topology.clear()
-        self.inproc.resident_step_ms.clear()
         self.recoveries += 1
         try:
             store = c10d._get_default_store()

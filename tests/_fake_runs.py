@@ -106,9 +106,9 @@ def write_run(results_dir: str | Path, run_id: str, meta: dict[str, Any],
     (``derive=False``: as given, i.e. an old-schema run without ``schema_version``)."""
     records = list(records)
     if derive:
-        twins = record.twins_of(records)
+        peers = record.Peers.of(records)
         for rec in records:
-            record.derive(rec, meta.get("ceilings") or {}, twins)
+            record.derive(rec, meta.get("ceilings") or {}, peers)
     writer = RunWriter(Path(results_dir) / run_id)
     writer.write_meta(meta)
     for rec in records:

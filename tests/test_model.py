@@ -143,7 +143,7 @@ def test_advise_without_runs_runs_its_cases_and_on_a_cpu_ranks_nothing(tmp_path)
     from ple_bench.results import load_records
 
     recs = load_records(run)
-    assert (run / "advise.toml").exists() and len(recs) == 12
+    assert (run / "advise.toml").exists() and len(recs) == 16  # 12 cases and the resident baselines they need
     assert all(r["status"] == "ok" and r["mode"] == "functional" for r in recs), \
         [(r["case_id"], r["status"], r["reason"]) for r in recs if r["status"] != "ok"]
     assert "not timings" in proc.stdout

@@ -14,7 +14,7 @@ import torch
 
 from ple_bench import record, results
 from ple_bench.case import Case
-from ple_bench.record import SCHEMA_VERSION, derive, twin_key, twins_of, upgrade
+from ple_bench.record import SCHEMA_VERSION, Peers, derive, twin_key, twins_of, upgrade
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = sorted(p for p in (REPO / "docs" / "runs").iterdir() if (p / "meta.json").exists())
@@ -211,12 +211,101 @@ def test_the_runner_puts_prefetch_off_first():
 def test_derive_record_keeps_twins_for_later_steps():
     from ple_bench.suite_loop import derive_record
 
-    twins: dict = {}
+    twins = Peers()
     off, on = _step(False, 0.4), _step(True, 0.1)
     derive_record(off, Case(**{k: off[k] for k in ("kind", "impl", "dim", "dtype")}), {"ceilings": CEILINGS}, twins)
     derive_record(on, Case(**{k: on[k] for k in ("kind", "impl", "dim", "dtype")}), {"ceilings": CEILINGS}, twins)
     assert off["table_in_host_memory"] is True  # pinned_uva declares it
     assert on["overlap_efficiency"] == pytest.approx(0.75) and on["overlap_twin"] == off["case_id"]
+
+
+# ------------------------------------------------------------ the resident baseline (offload_overhead)
+
+def _resident(step_ms: float, **kw) -> dict:
+    """A resident step of _step's workload: the device table, ids on the device."""
+    timer = kw.pop("timer", "cuda_event")
+    rec = _step(kw.pop("prefetch", False), 0.05, impl="device", step_ms=step_ms, median_ms=step_ms, timer=timer,
+                **kw)
+    return {**rec, "case_id": Case.from_axes({k: rec[k] for k in Case().axes() if k in rec}).case_id}
+
+
+def _pinned(step_ms: float, **kw) -> dict:
+    rec = _step(kw.pop("prefetch", False), 0.1, step_ms=step_ms, median_ms=step_ms,
+                timer=kw.pop("timer", "cuda_event"), **kw)
+    return {**rec, "case_id": Case.from_axes({k: rec[k] for k in Case().axes() if k in rec}).case_id}
+
+
+def _offload(pinned: dict, *others: dict) -> dict:
+    peers = Peers.of(others)
+    return derive(dict(pinned), CEILINGS, peers)
+
+
+def test_baseline_is_the_resident_step_of_the_same_id_distribution():
+    # two resident steps sharing every setting but the id distribution: each pinned step gets its own
+    uniform, ngram = _resident(0.2547), _resident(0.2000, ids="ngram")
+    rec = _offload(_pinned(0.2654), uniform, ngram)
+    assert rec["offload_baseline"] == uniform["case_id"]
+    assert rec["offload_overhead"] == pytest.approx(0.2654 / 0.2547 - 1)
+    rec = _offload(_pinned(0.2654, ids="ngram"), uniform, ngram)
+    assert rec["offload_baseline"] == ngram["case_id"]
+
+
+def test_baseline_has_the_same_prefetch_setting():
+    off, on = _resident(0.30, prefetch=False), _resident(0.20, prefetch=True)
+    rec = _offload(_pinned(0.33, prefetch=False), on, off)
+    assert rec["offload_baseline"] == off["case_id"] and rec["offload_overhead"] == pytest.approx(0.1)
+
+
+def test_host_ids_pinned_step_is_held_against_the_device_ids_resident_step_on_the_host_timer():
+    # the resident step with ids copied inside the step is slower: never the baseline
+    copied = _resident(0.40, ids_on="host", timer="host_sync")
+    device_ids = _resident(0.20, step_host_sync_ms=0.25)  # events 0.20, host-sync 0.25
+    rec = _offload(_pinned(0.30, ids_on="host", impl="pinned_cpu_gather", timer="host_sync"), copied, device_ids)
+    assert rec["offload_baseline"] == device_ids["case_id"] and rec["offload_baseline_timer"] == "host_sync"
+    assert rec["offload_baseline_ms"] == 0.25 and rec["offload_overhead"] == pytest.approx(0.30 / 0.25 - 1)
+    # an event-timed pinned step reads the event figure of the same resident step
+    rec = _offload(_pinned(0.22), copied, device_ids)
+    assert rec["offload_baseline_ms"] == 0.20 and rec["offload_baseline_timer"] == "cuda_event"
+
+
+def test_baseline_is_the_best_graph_mode_and_the_same_graph_figure_is_apart():
+    eager = _resident(0.30, step_host_sync_ms=0.33)
+    breakable = _resident(0.28, graph="breakable", step_host_sync_ms=0.31, full_step_ms=0.24,
+                          full_step_host_sync_ms=0.27)
+    rec = _offload(_pinned(0.33, impl="pinned_cpu_gather", timer="host_sync", graph="breakable"), eager, breakable)
+    assert (rec["offload_baseline"], rec["offload_baseline_graph"]) == (breakable["case_id"], "full")
+    assert rec["offload_overhead"] == pytest.approx(0.33 / 0.27 - 1)
+    assert rec["offload_baseline_same_graph_ms"] == 0.31
+    assert rec["offload_overhead_same_graph"] == pytest.approx(0.33 / 0.31 - 1)
+
+
+def test_resident_steps_carry_no_overhead_and_a_missing_baseline_says_why():
+    res = _resident(0.2)
+    assert _offload(res, _resident(0.1, ids="zipf:1.1"))["offload_overhead"] is None
+    rec = _offload(_pinned(0.3), _resident(0.2, ids="zipf:1.1"), _resident(0.2, timer="host_sync"))
+    assert rec["offload_overhead"] is None and rec["offload_baseline"] is None
+    assert "id distribution" in rec["offload_baseline_note"] and "cuda_event" in rec["offload_baseline_note"]
+
+
+def test_upgrade_derives_the_offload_figures_again_and_keeps_the_stored_one():
+    res = {**_resident(0.25), "schema_version": 4}
+    other = {**_resident(0.10, ids="ngram"), "schema_version": 4}
+    old = {**_pinned(0.2654), "schema_version": 4, "offload_overhead": 0.004}  # held against the n-gram step
+    out = upgrade([res, other, old], {"ceilings": CEILINGS})
+    assert out[2]["legacy_offload_overhead"] == 0.004 and out[2]["upgraded_from"] == 4
+    assert out[2]["offload_overhead"] == pytest.approx(0.2654 / 0.25 - 1)
+
+
+def test_suites_carry_the_baselines_of_their_pinned_steps():
+    from ple_bench.case import resident_baselines
+    from ple_bench.suite import load_suite
+
+    for name in ("paths", "default", "smoke"):
+        suite = load_suite(name)
+        ids = {c.case_id for c in suite.cases}
+        for case in suite.cases:
+            for base in resident_baselines(case):
+                assert base.case_id in ids, (name, case.case_id)
 
 
 # ------------------------------------------------------------ upgrades

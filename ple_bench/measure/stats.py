@@ -65,3 +65,32 @@ def relative_noise(samples_ms: Sequence[float]) -> float:
     if median <= 0:
         return math.inf
     return float(_MEDIAN_CI95_PER_IQR * (q3 - q1) / math.sqrt(n) / median)
+
+
+#: a series whose halves differ by more than this share of its median, with a rank test saying
+#: so, is unstable: the machine changed under it (clock, a neighbour, a page-cache state)
+UNSTABLE_SHIFT = 0.05
+UNSTABLE_P = 1e-3
+#: fewer samples than this a half: too few to tell drift from noise
+MIN_SAMPLES_FOR_STABILITY = 8
+
+
+def halves_disagree(samples_ms: Sequence[float]) -> bool:
+    """The first and second halves of a series (in the order taken) disagree beyond its noise:
+    a two-sided Mann-Whitney U test between them gives p < :data:`UNSTABLE_P` and their means
+    differ by more than :data:`UNSTABLE_SHIFT` of the series' median (a shift that matters,
+    seen by a test that a few outliers do not sway)."""
+    from scipy.stats import mannwhitneyu
+
+    n = len(samples_ms) // 2
+    if n < MIN_SAMPLES_FOR_STABILITY:
+        return False
+    a = np.asarray(samples_ms, dtype=np.float64)
+    first, second = a[:n], a[len(a) - n:]
+    median = float(np.median(a))
+    if median <= 0:
+        return False
+    shift = abs(float(first.mean()) - float(second.mean())) / median
+    if shift <= UNSTABLE_SHIFT:
+        return False
+    return float(mannwhitneyu(first, second, alternative="two-sided").pvalue) < UNSTABLE_P

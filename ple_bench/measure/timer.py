@@ -58,7 +58,7 @@ from ..env import resolve_device
 from ..results import kept_samples
 from .clocks import ClockSampler
 from .l2 import get_flusher
-from .stats import relative_noise, summarize
+from .stats import halves_disagree, relative_noise, summarize
 from .profiler import profiler_window, torch_trace_window
 from .stopping import Stopper, stopper_for
 
@@ -97,6 +97,9 @@ class TimingPolicy:
     # Lookups rotate through this many independent id sets, one per call: repeating
     # one set keeps its rows' address translations warm even with the L2 flushed.
     id_sets: int = 8
+    # A series whose halves disagree is measured once more (off where ranks must take the same
+    # samples: a second try on one rank alone would leave the others waiting in a collective).
+    remeasure_unstable: bool = True
 
     def __post_init__(self) -> None:
         self._check_types(dataclasses.asdict(self))
@@ -188,6 +191,8 @@ class Measurement:
     host_ms_per_call: float | None = None  # host enqueue time per sample (CUDA), None on CPU
     replays_per_sample: int = 1  # graph replays timed per sample (sample = their mean)
     event_samples_ms: list[float] | None = None  # host_sync: the CUDA-event time of each sample's call
+    remeasured: bool = False  # the first try's halves disagreed (stats.halves_disagree): this is the second
+    unstable: bool = False  # ... and so did this one's
 
     def stats(self, drop_throttled: bool = True) -> dict[str, Any]:
         """median_ms, mean_ms, min_ms, max_ms, p10_ms, p90_ms, q1_ms, q3_ms,
@@ -211,6 +216,7 @@ class Measurement:
             "throttled_samples": int(sum(self.throttled)),
             "dropped_samples": len(self.samples_ms) - len(keep),
             "sm_clock_mhz": clocks[len(clocks) // 2] if clocks else None,
+            "unstable": self.unstable,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -482,8 +488,23 @@ def measure(fn: Callable[[], Any], *, device, policy: TimingPolicy, cold_l2: boo
     every sample (CUDA only; ignored on CPU, where ``Measurement.cold_l2`` is
     False).  ``host_sync``: ``fn`` occupies the host -- time synchronized calls
     on the host clock, no spin hold (CUDA; on a CPU every call is host-timed
-    anyway).  ``clock`` is the stopping rule's wall clock (injectable for tests)."""
+    anyway).  ``clock`` is the stopping rule's wall clock (injectable for tests).
+
+    A series whose halves disagree beyond its noise (:func:`stats.halves_disagree`) is
+    measured once more (``remeasured``) when ``policy.remeasure_unstable``; if the second
+    series disagrees too it is kept and flagged ``unstable``."""
     device = resolve_device(device)
+    m = _measure_once(fn, device, policy, cold_l2, label, clock, host_sync)
+    if not halves_disagree(kept_samples(m.samples_ms, m.throttled)):
+        return m
+    if not policy.remeasure_unstable:
+        return dataclasses.replace(m, unstable=True)
+    again = _measure_once(fn, device, policy, cold_l2, label, clock, host_sync)
+    return dataclasses.replace(again, remeasured=True,
+                               unstable=halves_disagree(kept_samples(again.samples_ms, again.throttled)))
+
+
+def _measure_once(fn, device, policy, cold_l2, label, clock, host_sync) -> Measurement:
     with annotate(label):
         if device.type != "cuda":
             return _measure_cpu(fn, policy, label, clock)

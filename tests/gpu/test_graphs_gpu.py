@@ -158,13 +158,12 @@ def test_step_measurement_gives_finite_figures():
         for prefetch, mode in modes:
             case = Case(kind="step", impl=impl, vocab_size=vocab, dim=DIM, dtype="fp8", num_heads=HEADS,
                         num_tokens=TOKENS, prefetch=prefetch, graph=mode, compute_us=100.0, hidden=4096)
-            rec = run_step_case(case, backend, id_sets, None, policy, DEV, resident_baseline=resident.get(mode),
-                                table_seed=seed)
+            rec = run_step_case(case, backend, id_sets, None, policy, DEV, table_seed=seed)
             if impl == "device":
                 resident[mode] = rec["step_ms"]
             for key in ("step_ms", "lookup_ms", "compute_ms"):
                 assert math.isfinite(rec[key]) and rec[key] > 0, (impl, prefetch, mode, key, rec[key])
             assert rec["compute_matmuls"] >= 1 and rec["n_samples"] >= 10
-            if impl != "device" and mode in resident:
-                assert rec["offload_overhead"] == pytest.approx(rec["step_ms"] / resident[mode] - 1)
+            assert rec["compute_region_graph"] == ("breakable" if mode == "breakable" else "eager")
+            assert rec["unstable"] in (True, False)
         backend.close()
