@@ -9,6 +9,7 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -644,3 +645,44 @@ def test_annotate_pushes_and_pops_one_range_per_block(monkeypatch):
         assert ("push", "off") not in events
     finally:
         ann.set_enabled(True)
+
+
+# ------------------------------------------------------------ unstable series
+
+def test_halves_disagree_sees_a_shift_and_not_noise():
+    from ple_bench.measure.stats import halves_disagree
+
+    rng = np.random.default_rng(3)
+    steady = list(0.25 * rng.lognormal(0, 0.03, 200))
+    assert not halves_disagree(steady)
+    # the advise self-run's resident step: 0.129 ms for a while, then about 0.29 ms
+    shifted = list(0.129 * rng.lognormal(0, 0.03, 50)) + list(0.29 * rng.lognormal(0, 0.03, 150))
+    assert halves_disagree(shifted)
+    # a few outliers in one half are no drift
+    spiky = list(steady)
+    spiky[3] = spiky[7] = 5.0
+    assert not halves_disagree(spiky)
+
+
+def _drifting(slow_calls: int):
+    """A CPU function that takes 3 ms for its first ``slow_calls`` calls, then 0.5 ms."""
+    import time as _time
+
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+        _time.sleep(0.003 if calls[0] <= slow_calls else 0.0005)
+    return fn
+
+
+def test_an_unstable_series_is_measured_again_and_flagged_when_not_allowed_to():
+    from ple_bench.measure import measure
+    from ple_bench.measure.timer import TimingPolicy
+
+    pol = TimingPolicy(warmup_ms=0.0, min_samples=40, max_samples=40, min_time_s=0.0, max_time_s=30.0,
+                       max_noise=0.0, cold_l2=False)
+    m = measure(_drifting(21), device="cpu", policy=pol)  # half the first try slow, the second try steady
+    assert m.remeasured and not m.unstable and m.stats()["median_ms"] < 2.0
+    flagged = measure(_drifting(21), device="cpu", policy=replace(pol, remeasure_unstable=False))
+    assert flagged.unstable and not flagged.remeasured and flagged.stats()["unstable"] is True

@@ -236,3 +236,26 @@ def test_breakable_step_binds_its_backend_calls(impl, prefetch):
         step.runner("step")()
         ref = synthetic_rows(ids.reshape(-1), DIM, SEED, torch.float8_e4m3fn).reshape(TOKENS, -1)
         assert torch.equal(step.rows.view(torch.uint8), ref.view(torch.uint8))
+
+
+def test_breakable_compute_region_is_timed_between_the_graph_segments():
+    """compute_slowdown of a breakable step: the region's events are eager breaks around the
+    compute's segment of an instrumented graph; the timed step's graph carries no such break."""
+    from ple_bench.graphs import BreakableGraph
+    from tests.test_graphs import FakeDevice
+
+    dev = FakeDevice()
+    backend = make_backend("pinned_uva")
+    step = DecodeStep(backend, hidden=HIDDEN, num_tokens=TOKENS, compute_layers=2, prefetch=True,
+                      graph="breakable",
+                      graph_factory=lambda mode: BreakableGraph(mode, segment_factory=dev.factory,
+                                                                pool_factory=object))
+    step.set_inputs(make_ids(1, seed=5)[0])
+    assert step.region_mode("breakable") == "breakable" and step.region_mode("full") == "eager"
+    step.run()
+    samples = step.compute_region_samples("step", 6, mode="breakable")
+    assert len(samples) == 6 and all(s >= 0 and math.isfinite(s) for s in samples)
+    names = [c.fn.__func__.__name__ for c in step.graphs[("step_region", "breakable")].eager_calls]
+    assert names == ["start_prefetch", "_region_start", "_region_stop", "finalize"]
+    timed = [c.fn.__func__.__name__ for c in step.graphs[("step", "breakable")].eager_calls]
+    assert timed == ["start_prefetch", "finalize"]
