@@ -210,30 +210,6 @@ def test_deferred_host_prefetch_does_the_work_in_finalize(impl):
         get_backend(impl)(VOCAB, DIM, dtype="fp8", num_heads=HEADS, device="cpu", host_prefetch="eager")
 
 
-def _step_rec(impl, tokens, overhead, graph="breakable", ids_on="host", kernel=""):
-    return {"case_id": f"step.{impl}.{kernel}.t{tokens}.{graph}.{ids_on}", "status": "ok", "kind": "step",
-            "impl": impl, "kernel": kernel, "num_tokens": tokens, "graph": graph, "ids_on": ids_on,
-            "compute_us": 200.0, "prefetch": impl != "device", "mode": "gpu", "step_ms": 1.0 + overhead,
-            "median_ms": 1.0 + overhead, "offload_overhead": overhead if impl != "device" else None}
-
-
-def test_the_answer_finding_names_the_token_counts_and_the_best_path():
-    from ple_bench.report.data import Run
-    from ple_bench.report.findings import offload_answer_findings
-
-    recs = [_step_rec("device", t, 0.0) for t in (64, 512)]
-    recs += [_step_rec("pinned_cpu_gather", 64, 0.02), _step_rec("pinned_uva", 64, 0.30, kernel="triton_tuned"),
-             _step_rec("pinned_cpu_gather", 512, 0.40), _step_rec("pinned_uva", 512, 0.25, kernel="triton_tuned"),
-             _step_rec("pinned_uva", 512, -0.50, graph="eager")]  # an eager step is not how a server runs it
-    (f,) = offload_answer_findings(Run(Path("r"), {"mode": "gpu"}, recs))
-    assert "graph-replayed steps" in f.text
-    assert "yes at 64 tokens" in f.text and "64: pinned_cpu_gather, ids on the host, breakable" in f.text
-    assert "not at 512 tokens" in f.text and "+25 %" in f.text and "-50" not in f.text
-    # without any replayed step the eager ones answer, and say so
-    (f,) = offload_answer_findings(Run(Path("r"), {"mode": "gpu"}, [_step_rec("pinned_uva", 256, 0.5, graph="eager")]))
-    assert "eager steps" in f.text and "no at 256 tokens" in f.text
-
-
 def test_a_table_is_reused_across_token_counts_and_its_buffers_resized():
     ex = CaseExecutor()
     small = Case(impl="pinned_uva", vocab_size=VOCAB, dim=DIM, dtype="fp8", num_heads=HEADS, num_tokens=4,

@@ -10,7 +10,7 @@ Assumed meanings of step metrics (from the record schema): ``exposed_ms`` is the
 lookup time not hidden behind compute, ``overlap_efficiency`` the hidden share
 (0..1), ``compute_slowdown`` = in-step compute / compute alone - 1 (0 = the
 side-stream lookup does not slow the compute), ``offload_overhead`` = step /
-device-resident step - 1 (see ``ple_bench/step.py``).
+the resident step a server would run instead - 1 (``ple_bench/record.py``, ``Peers``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, pairs, points, single_rank,
     status_counts, topology,
 )
+from .verdict import banner
 from .sections import (
     WORKLOAD_AXES, decode_steps, hit_rate, path_groups, path_of, step_config_axes,
     step_config_label, workload_label,
@@ -348,8 +349,9 @@ def overlap_findings(run: Run) -> list[Finding]:
         if overhead:
             ov = "; ".join(f"{path} {_range_pct(v)} ({len(v)} case{'s' if len(v) != 1 else ''})"
                            for path, v in sorted(overhead.items()))
-            out.append(Finding("overlap", f"{where}: step time vs the same step with the device-resident table "
-                                          f"(offload overhead) — {ov}.", group="overlap"))
+            out.append(Finding("overlap", f"{where}: step time vs the resident step a server would run instead "
+                                          f"(ids on the device, its best graph mode, the same timer) — {ov}.",
+                               group="overlap"))
     return out
 
 
@@ -542,41 +544,11 @@ def graph_and_cache_findings(run: Run) -> list[Finding]:
 
 
 def offload_answer_findings(run: Run) -> list[Finding]:
-    """The one-sentence answer: is any pinned path as fast per step as the
-    HBM-resident table (its like-for-like ``offload_overhead`` within
-    :data:`EFFECT_PCT`), and at which token counts -- the best case per token
-    count, with the configuration it needs."""
-    steps = [r for r in _steps(run) if r.get("impl") != "device" and num(r.get("offload_overhead")) is not None]
-    if not steps:
-        return []
-    # as a server runs the step: the compute replayed from a graph, where the run has such steps
-    # (eager steps timed on the host clock are bound by Python's launches and noisier)
-    replayed = [r for r in steps if r.get("graph", "eager") != "eager"]
-    scope = "graph-replayed steps" if replayed else "eager steps"
-    steps = replayed or steps
-    best: dict[float, dict[str, Any]] = {}
-    for r in steps:
-        t = num(r.get("num_tokens")) or 0.0
-        if t not in best or num(r["offload_overhead"]) < num(best[t]["offload_overhead"]):
-            best[t] = r
-
-    def where(r: dict[str, Any]) -> str:
-        ids = "host" if r.get("ids_on") == "host" else "device"
-        return (f"{path_of(r)}, ids on the {ids}, {r.get('graph', 'eager')}, "
-                f"{fmt(num(r.get('compute_us')) or 0)} us compute: {num(r['offload_overhead']) * 100:+.0f} %")
-
-    hidden = [t for t in sorted(best) if num(best[t]["offload_overhead"]) * 100 <= EFFECT_PCT]
-    exposed = [t for t in sorted(best) if t not in hidden]
-    parts = []
-    if hidden:
-        parts.append(f"yes at {_list([int(t) for t in hidden])} tokens per step (best: "
-                     + "; ".join(f"{int(t)}: {where(best[t])}" for t in hidden) + ")")
-    if exposed:
-        parts.append(f"{'no' if not hidden else 'not'} at {_list([int(t) for t in exposed])} tokens (best: "
-                     + "; ".join(f"{int(t)}: {where(best[t])}" for t in exposed) + ")")
-    text = (f"Is a pinned host table as fast per step as the HBM-resident one (within {EFFECT_PCT:.0f} %, "
-            f"like for like, {scope})? " + "; ".join(parts) + ".")
-    return [Finding("answer", text, group="overlap")]
+    """The one-sentence answer (:func:`ple_bench.report.verdict.banner`: per token count the
+    fastest stable pinned step against the resident step a server would run instead, at one
+    table size, id distribution and compute length, and the compute it holds from)."""
+    text = banner(run.records)
+    return [Finding("answer", text, group="overlap")] if text else []
 
 
 def noise_findings(run: Run) -> list[Finding]:

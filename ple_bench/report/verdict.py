@@ -1,0 +1,191 @@
+"""The offload verdict: one rule, read by the report's banner and by ``advise``.
+
+Per token count, the fastest **stable** pinned decode step by absolute step time, held against
+the resident step that ``offload_overhead`` names (:class:`ple_bench.record.Peers`: ids on the
+device, the same workload, its fastest graph mode, the pinned step's own timer), within **one**
+table size, **one** id distribution and **one** compute length:
+
+* stable: the step's coefficient of variation is at most :data:`STABLE_CV`, it is not flagged
+  ``unstable``, and neither is its baseline;
+* the scope when nothing is asked: the largest table that has such steps, the id distribution
+  with the most of them there (ties: by name), and each compute length measured, the longest
+  first;
+* "as fast as HBM": an overhead of at most :data:`EQUAL_PCT`.
+
+It reads stored records only, so two runs that measured the same cases give the same verdict
+for them, whatever else their suites held.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..record import device_resident, num
+from .data import fmt_bytes
+
+#: a step whose samples vary more than this (std / mean) is not used for a verdict
+STABLE_CV = 0.10
+#: an overhead up to this (in %) counts as "as fast as the resident table"
+EQUAL_PCT = 5.0
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The pinned step chosen at one token count and the resident figure it is held against."""
+
+    tokens: int
+    record: Mapping[str, Any]
+    baseline_ms: float
+    baseline_case_id: str
+    baseline_graph: str
+    timer: str
+
+    @property
+    def step_ms(self) -> float:
+        return float(num(self.record.get("step_ms")))
+
+    @property
+    def overhead_pct(self) -> float:
+        return 100.0 * (self.step_ms / self.baseline_ms - 1.0)
+
+    @property
+    def as_fast(self) -> bool:
+        return self.overhead_pct <= EQUAL_PCT
+
+
+def _by_id(records: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    return {str(r.get("case_id")): r for r in records}
+
+
+def stable(rec: Mapping[str, Any]) -> bool:
+    cv = num(rec.get("cv"))
+    return not rec.get("unstable") and (cv is None or cv <= STABLE_CV)
+
+
+def candidates(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pinned ok steps with a baseline figure, stable, whose baseline is stable too."""
+    records = list(records)
+    ids = _by_id(records)
+    out = []
+    for r in records:
+        if (r.get("kind") != "step" or r.get("status") != "ok" or device_resident(r)
+                or num(r.get("offload_baseline_ms")) is None or num(r.get("step_ms")) is None):
+            continue
+        base = ids.get(str(r.get("offload_baseline")))
+        if stable(r) and (base is None or stable(base)):
+            out.append(r)
+    return out
+
+
+def unstable_candidates(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pinned steps with a baseline left out of the verdict for their noise (named on the page)."""
+    kept = {id(r) for r in candidates(records)}
+    return [r for r in records if r.get("kind") == "step" and r.get("status") == "ok" and not device_resident(r)
+            and num(r.get("offload_baseline_ms")) is not None and id(r) not in kept]
+
+
+@dataclass(frozen=True)
+class Scope:
+    table_bytes: int
+    ids: str
+    compute_us: tuple[float, ...]  # longest first
+
+
+def scope(cands: Sequence[Mapping[str, Any]], *, table_bytes: int | None = None, ids: str | None = None) -> Scope | None:
+    """The table, id distribution and compute lengths a verdict covers (see the module doc)."""
+    if table_bytes is None:
+        sizes = [int(num(r.get("table_bytes")) or 0) for r in cands]
+        if not sizes:
+            return None
+        table_bytes = max(sizes)
+    at = [r for r in cands if int(num(r.get("table_bytes")) or 0) == table_bytes]
+    if ids is None:
+        counts = Counter(str(r.get("ids") or "uniform") for r in at)
+        if not counts:
+            return None
+        ids = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+    at = [r for r in at if str(r.get("ids") or "uniform") == ids]
+    computes = tuple(sorted({float(num(r.get("compute_us")) or 0.0) for r in at}, reverse=True))
+    return Scope(table_bytes, ids, computes) if at else None
+
+
+def picks(cands: Sequence[Mapping[str, Any]], where: Scope, compute_us: float) -> dict[int, Pick]:
+    """tokens -> the fastest candidate (absolute step time) in ``where`` at ``compute_us``."""
+    best: dict[int, Mapping[str, Any]] = {}
+    for r in cands:
+        if (int(num(r.get("table_bytes")) or 0) != where.table_bytes or str(r.get("ids") or "uniform") != where.ids
+                or float(num(r.get("compute_us")) or 0.0) != compute_us):
+            continue
+        t = int(num(r.get("num_tokens")) or 0)
+        if t not in best or float(r["step_ms"]) < float(best[t]["step_ms"]):
+            best[t] = r
+    return {t: Pick(t, r, float(r["offload_baseline_ms"]), str(r.get("offload_baseline")),
+                    str(r.get("offload_baseline_graph")), str(r.get("offload_baseline_timer")))
+            for t, r in sorted(best.items())}
+
+
+def path_words(r: Mapping[str, Any]) -> str:
+    """A pinned step's configuration in words: path, ids placement, graph mode, prefetch."""
+    impl = str(r.get("impl"))
+    kernel = r.get("kernel") or ""
+    name = f"{impl} · {kernel}" if kernel else impl
+    prefetch = "prefetched" if r.get("prefetch") else "serial"
+    return f"{name} (ids on the {r.get('ids_on') or 'device'}, {r.get('graph') or 'eager'}, {prefetch})"
+
+
+def pick_text(p: Pick) -> str:
+    return (f"{p.tokens} tokens: {path_words(p.record)} {p.step_ms:.3f} ms vs HBM {p.baseline_ms:.3f} ms "
+            f"({p.baseline_graph} graph, {p.timer}), {p.overhead_pct:+.1f} %")
+
+
+def holds_from(cands: Sequence[Mapping[str, Any]], where: Scope) -> float | None:
+    """The shortest measured compute from which, at every longer one measured too, the best
+    pinned step is as fast as HBM at every token count (None: at no compute measured)."""
+    held = None
+    for c in where.compute_us:  # longest first
+        chosen = picks(cands, where, c)
+        if chosen and all(p.as_fast for p in chosen.values()):
+            held = c
+        else:
+            break
+    return held
+
+
+def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The report's one-sentence answer (None when the run has no pinned step with a baseline)."""
+    records = list(records)
+    cands = candidates(records)
+    where = scope(cands)
+    if where is None:
+        left = unstable_candidates(records)
+        if left:
+            return (f"No verdict: the {len(left)} pinned steps with a resident baseline were all too noisy "
+                    f"(CV above {STABLE_CV:.0%} or unstable, theirs or their baseline's).")
+        return None
+    c0 = where.compute_us[0]
+    chosen = picks(cands, where, c0)
+    yes = all(p.as_fast for p in chosen.values())
+    held = holds_from(cands, where)
+    worst = max(chosen.values(), key=lambda p: p.overhead_pct)
+    head = (f"{fmt_bytes(where.table_bytes)} table, {where.ids} ids, {c0:g} us of compute: "
+            + ("pinned host memory is as fast as HBM" if yes else "HBM is faster")
+            + f" (within {EQUAL_PCT:.0f} %: {'yes' if yes else 'no'}, worst {worst.overhead_pct:+.1f} % at "
+            f"{worst.tokens} tokens); pinning frees {fmt_bytes(where.table_bytes)} of HBM.")
+    body = " Best pinned step per token count: " + "; ".join(pick_text(p) for p in chosen.values()) + "."
+    if len(where.compute_us) > 1:
+        others = []
+        for c in where.compute_us[1:]:
+            at = picks(cands, where, c)
+            if at:
+                others.append(f"{c:g} us: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
+        if others:
+            body += " At other compute lengths: " + "; ".join(others) + "."
+    tail = (f" Holds from {held:g} us of compute." if held is not None else
+            f" Not within {EQUAL_PCT:.0f} % at any compute length measured.")
+    return head + body + tail
+
+
+__all__ = ["STABLE_CV", "EQUAL_PCT", "Pick", "Scope", "candidates", "unstable_candidates", "scope", "picks",
+           "path_words", "pick_text", "holds_from", "banner"]

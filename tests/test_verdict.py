@@ -1,0 +1,98 @@
+"""The offload verdict (report/verdict.py): one rule for the report's banner and advise."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ple_bench.case import Case
+from ple_bench.record import Peers, derive
+from ple_bench.report.data import Run
+from ple_bench.report.findings import offload_answer_findings
+from ple_bench.report.verdict import STABLE_CV, banner, candidates, picks, scope
+
+GIB = 1 << 30
+
+
+def _rec(impl: str, tokens: int, step_ms: float, *, graph: str = "breakable", ids_on: str = "host",
+         timer: str = "host_sync", compute_us: float = 200.0, vocab: int = 1 << 20, cv: float = 0.02,
+         ids: str = "uniform", **kw) -> dict:
+    prefetch = kw.pop("prefetch", True)
+    case = Case(kind="step", impl=impl, num_tokens=tokens, graph=graph, ids_on=ids_on, compute_us=compute_us,
+                vocab_size=vocab, dim=160, dtype="fp8", num_heads=16, prefetch=prefetch, ids=ids,
+                kernel=kw.pop("kernel", ""))
+    rec = {"case_id": case.case_id, "status": "ok", "mode": "gpu", **case.axes(), "step_ms": step_ms,
+           "median_ms": step_ms, "timer": timer, "cv": cv, "table_bytes": case.table_bytes,
+           "table_in_host_memory": impl != "device"}
+    rec.update(kw)
+    return rec
+
+
+def _resident(tokens: int, events_ms: float, sync_ms: float, **kw) -> dict:
+    return _rec("device", tokens, events_ms, ids_on="device", timer="cuda_event", step_host_sync_ms=sync_ms,
+                full_step_ms=events_ms * 0.95, full_step_host_sync_ms=sync_ms * 0.95, **kw)
+
+
+def _run(recs: list[dict]) -> list[dict]:
+    peers = Peers()
+    out = []
+    for r in sorted(recs, key=lambda r: r["impl"] != "device"):
+        derive(r, {}, peers)
+        peers.add(r)
+        out.append(r)
+    return out
+
+
+def test_banner_picks_the_fastest_stable_pinned_step_against_its_baseline_row():
+    recs = _run([
+        _resident(64, 0.20, 0.24), _resident(256, 0.26, 0.30),
+        _rec("pinned_cpu_gather", 64, 0.235), _rec("pinned_uva", 64, 0.30, ids_on="device", timer="cuda_event"),
+        _rec("pinned_cpu_gather", 256, 0.33), _rec("pinned_copy_engine", 256, 0.31, cv=0.43),  # noisy: left out
+    ])
+    text = banner(recs)
+    # every "vs HBM" figure is the ratio of the two figures printed beside it
+    for step, base, pct in re.findall(r"([0-9.]+) ms vs HBM ([0-9.]+) ms \([^)]*\), ([+-][0-9.]+) %", text):
+        assert float(pct) == pytest.approx(100 * (float(step) / float(base) - 1), abs=0.15)
+    assert "64 tokens: pinned_cpu_gather" in text and "0.235 ms vs HBM 0.228 ms" in text  # 0.24 x 0.95 (full)
+    assert "256 tokens: pinned_cpu_gather" in text and "copy_engine" not in text
+    assert "HBM is faster" in text and "1 GiB" not in text  # the table is 160 MiB here
+
+
+def test_the_verdict_is_per_table_size_ids_and_compute_and_says_the_compute_it_holds_from():
+    big = 1 << 22
+    recs = _run([
+        _resident(64, 0.20, 0.24, vocab=big), _resident(64, 0.10, 0.12, vocab=big, compute_us=50.0),
+        _rec("pinned_cpu_gather", 64, 0.232, vocab=big), _rec("pinned_cpu_gather", 64, 0.16, vocab=big, compute_us=50.0),
+        _resident(64, 0.20, 0.24), _rec("pinned_cpu_gather", 64, 0.90),  # a smaller table: not in the verdict
+        _resident(64, 0.20, 0.24, vocab=big, ids="ngram"), _rec("pinned_cpu_gather", 64, 0.20, vocab=big, ids="ngram"),
+    ])
+    cands = candidates(recs)
+    where = scope(cands)
+    assert where.table_bytes == big * 160 and where.compute_us == (200.0, 50.0)
+    assert where.ids == "uniform"  # two steps there, against one n-gram step
+    text = banner(recs)
+    assert text.startswith("640 MiB table") and "200 us of compute" in text
+    assert "50 us:" in text and "Holds from 200 us of compute" in text
+
+
+def test_two_suites_that_measured_the_same_cases_get_the_same_banner():
+    same = [_resident(64, 0.20, 0.24), _rec("pinned_cpu_gather", 64, 0.25)]
+    extra = [_rec("pinned_uva", 64, 0.9, ids_on="device", timer="cuda_event", cv=STABLE_CV * 3)]
+    a = banner(_run([dict(r) for r in same]))
+    b = banner(_run([dict(r) for r in same] + extra))
+    assert a == b
+
+
+def test_resident_only_runs_have_no_banner_and_all_noisy_ones_say_no_verdict():
+    assert banner(_run([_resident(64, 0.2, 0.24)])) is None
+    text = banner(_run([_resident(64, 0.2, 0.24), _rec("pinned_cpu_gather", 64, 0.25, cv=0.4)]))
+    assert text.startswith("No verdict")
+
+
+def test_the_report_finding_is_the_banner():
+    recs = _run([_resident(64, 0.20, 0.24), _rec("pinned_cpu_gather", 64, 0.25)])
+    (f,) = offload_answer_findings(Run(Path("r"), {"mode": "gpu"}, recs))
+    assert f.text == banner(recs) and f.topic == "answer"
+    assert picks(candidates(recs), scope(candidates(recs)), 200.0)[64].baseline_case_id == recs[0]["case_id"]
