@@ -16,53 +16,76 @@ ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 
 
-def rec(impl, tokens, step_ms, overhead=None, graph="breakable", ids_on="host", kernel="", table=32 * GIB,
-        compute=200.0):
-    r = {"case_id": f"step.{impl}.{kernel}.t{tokens}.{graph}.{ids_on}.{table}", "status": "ok", "kind": "step",
-         "impl": impl, "kernel": kernel, "dim": 160, "dtype": "fp8", "num_heads": 16, "num_tokens": tokens,
-         "graph": graph, "ids_on": ids_on, "prefetch": impl != "device", "compute_us": compute,
-         "table_bytes": table, "step_ms": step_ms, "_run_id": "20261201-000000-paths-t"}
-    if impl != "device":
-        r.update(offload_overhead=overhead, offload_baseline="device · triton_reference",
-                 offload_baseline_timer="host_sync")
-    return r
+def _records() -> list[dict]:
+    """A 32 GiB and a 1 GiB table's steps, derived as a run derives them (record.Peers)."""
+    from tests.test_verdict import _rec, _resident, _run
 
-
-RECS = [rec("device", 256, 0.266), rec("pinned_cpu_gather", 256, 0.272, 0.02),
-        rec("pinned_uva", 256, 0.459, 0.72, kernel="triton_reference"),
-        rec("device", 512, 0.289), rec("pinned_cpu_gather", 512, 0.314, 0.09),
-        rec("pinned_uva", 512, 0.30, -0.30, graph="eager"),  # eager: not how a server runs the step
-        rec("pinned_uva", 256, 0.2, -0.5, table=GIB)]  # another table size
+    big = (32 * GIB) // 160
+    recs = _run([
+        _resident(256, 0.250, 0.266, vocab=big), _resident(512, 0.270, 0.289, vocab=big),
+        _rec("device", 256, 0.300, vocab=big, ids_on="host"),  # ids copied in the step: never the baseline
+        _rec("pinned_cpu_gather", 256, 0.257, vocab=big),
+        _rec("pinned_uva", 256, 0.459, vocab=big, kernel="triton_reference"),
+        _rec("pinned_cpu_gather", 512, 0.300, vocab=big),
+        _rec("pinned_uva", 512, 0.20, vocab=big, graph="eager", cv=0.43),  # noisy: not ranked
+        _rec("pinned_uva", 512, 0.29, vocab=big, graph="eager"),
+        _resident(256, 0.1, 0.1, vocab=GIB // 160), _rec("pinned_uva", 256, 0.05, vocab=GIB // 160),  # another table
+    ])
+    for r in recs:
+        r["_run_id"] = "20261201-000000-paths-t"
+    return recs
 
 
 def test_ranked_options_recommendation_and_verdict():
-    a = advise(table_bytes=47 * GIB, dim=160, dtype="fp8", heads=16, tokens=[256, 512], compute_us=200, records=RECS)
-    assert a.measured_table_bytes == 32 * GIB and any("32.0 GiB table" in n for n in a.notes)
+    recs = _records()
+    a = advise(table_bytes=47 * GIB, dim=160, dtype="fp8", heads=16, tokens=[256, 512], compute_us=200, records=recs)
+    assert a.measured_table_bytes == (32 * GIB) // 160 * 160 and any("32.0 GiB table" in n for n in a.notes)
     t256, t512 = a.answers
-    assert [o.placement for o in t256.options] == ["HBM", "pinned host", "pinned host"]
-    assert t256.options[1].path == "pinned_cpu_gather" and t256.options[1].overhead_pct == pytest.approx(2.0)
-    assert t256.recommendation.startswith("pinned host: pinned_cpu_gather") and "+2 %" in t256.recommendation
-    assert t512.recommendation.startswith("HBM") and "+9 %" in t512.recommendation  # the eager -30 % is not ranked
-    assert all(o.graph != "eager" for o in t512.options if o.placement != "HBM")
+    assert [o.placement for o in t256.options] == ["HBM", "HBM, ids copied", "pinned host", "pinned host"]
+    hbm, gather = t256.options[0], t256.options[2]
+    assert (hbm.graph, hbm.timer, hbm.step_ms) == ("full", "host_sync", pytest.approx(0.266 * 0.95))
+    assert gather.path == "pinned_cpu_gather" and gather.baseline_ms == hbm.step_ms
+    # the printed percentage is the ratio of the two printed rows
+    assert gather.overhead_pct == pytest.approx(100 * (gather.step_ms / hbm.step_ms - 1))
+    assert t256.recommendation.startswith("pinned host: pinned_cpu_gather") and "+1.7 %" in t256.recommendation
+    # at 512 the fastest stable pinned step is the eager UVA one (absolute time); the noisy one is left out
+    assert t512.recommendation.startswith("HBM: the fastest pinned step (pinned_uva")
+    assert all(o.step_ms != 0.20 for o in t512.options)
     assert a.verdict == "Pinned host memory is as fast as HBM at 256 tokens; from 512 tokens HBM wins."
-    # the same with eager steps allowed: now the eager -30 % ranks first
-    a = advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[512], compute_us=200, records=RECS,
-               graph_modes="any")
-    assert a.answers[0].options[1].graph == "eager"
+    # only graph-replayed steps: the CPU gather answers at 512
+    a = advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[512], compute_us=200, records=recs,
+               graph_modes="replayed")
+    assert all(o.graph != "eager" for o in a.answers[0].options if o.placement == "pinned host")
+
+
+def test_the_text_prints_the_hbm_row_beside_every_ratio():
+    from ple_bench.report.advise import format_text
+
+    text = format_text(advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[256], compute_us=200,
+                              records=_records()))
+    import re
+
+    rows = [line.split() for line in text.splitlines() if re.match(r"^\s+\d+\s+pinned host", line)]
+    assert rows
+    for cells in rows:
+        pct_i = cells.index("%") - 1
+        step, base, pct = float(cells[pct_i - 2]), float(cells[pct_i - 1]), float(cells[pct_i])
+        assert pct == pytest.approx(100 * (step / base - 1), abs=0.06)
 
 
 def test_budgets_and_impossible_inputs():
-    a = advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[512], compute_us=200, records=RECS,
+    recs = _records()
+    a = advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[512], compute_us=200, records=recs,
                hbm_bytes=16 * GIB)
     assert a.answers[0].recommendation.startswith("pinned host (the table does not fit the HBM budget)")
     assert not a.answers[0].options[0].fits and "does not fit the HBM budget" in a.verdict
     with pytest.raises(AdviseError, match="fits neither"):
-        advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[256], compute_us=200, records=RECS,
+        advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[256], compute_us=200, records=recs,
                hbm_bytes=GIB, host_bytes=GIB)
     with pytest.raises(AdviseError, match="--tokens"):
-        advise(table_bytes=GIB, dim=160, dtype="fp8", heads=16, tokens=[0], compute_us=200, records=RECS)
+        advise(table_bytes=GIB, dim=160, dtype="fp8", heads=16, tokens=[0], compute_us=200, records=recs)
     with pytest.raises(AdviseError, match="no measured decode step of dim 128"):
-        advise(table_bytes=GIB, dim=128, dtype="fp8", heads=16, tokens=[256], compute_us=200, records=RECS)
+        advise(table_bytes=GIB, dim=128, dtype="fp8", heads=16, tokens=[256], compute_us=200, records=recs)
 
 
 def _cli(*args):

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .verdict import EQUAL_PCT
+
 EXIT_BAD_USAGE = 2
-#: an overhead up to this (in %) counts as "as fast as the resident table"
-EQUAL_PCT = 5.0
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
@@ -41,16 +41,20 @@ class AdviseError(ValueError):
 
 @dataclass
 class Option:
-    placement: str  # "HBM" | "pinned host"
+    placement: str  # "HBM" | "HBM, ids copied" (in the step: never a baseline) | "pinned host"
     path: str
     prefetch: bool
     ids_on: str
     graph: str
     step_ms: float
-    overhead_pct: float | None  # vs the like-for-like resident step
+    overhead_pct: float | None  # step_ms / baseline_ms - 1, in % (pinned rows)
     fits: bool
     case_id: str
     run_id: str
+    timer: str = ""
+    ids: str = "uniform"
+    baseline_ms: float | None = None  # the HBM row it is held against (listed among the options)
+    baseline_case_id: str = ""
 
 
 @dataclass
@@ -115,23 +119,58 @@ def load_step_records(run_dirs: list[str]) -> list[dict[str, Any]]:
     return recs
 
 
+def _ids_on(r: dict[str, Any]) -> str:
+    return str(r["ids_on"]) if _present(r.get("ids_on")) else "device"
+
+
 def _option(r: dict[str, Any], fits_hbm: bool, fits_host: bool) -> Option:
-    resident = r.get("impl") == "device"
-    overhead = r.get("offload_overhead")
-    return Option(placement="HBM" if resident else "pinned host", path=_path_name(r), prefetch=bool(r.get("prefetch")),
-                  ids_on=str(r["ids_on"]) if _present(r.get("ids_on")) else "device",
-                  graph=str(r["graph"]) if _present(r.get("graph")) else "eager",
-                  step_ms=float(r["step_ms"]),
-                  overhead_pct=None if resident or not _present(overhead) else 100.0 * float(overhead),
-                  fits=fits_hbm if resident else fits_host, case_id=str(r.get("case_id")), run_id=r["_run_id"])
+    """A pinned step, held against the resident figure its record names."""
+    base = float(r["offload_baseline_ms"])
+    return Option(placement="pinned host", path=_path_name(r), prefetch=bool(r.get("prefetch")), ids_on=_ids_on(r),
+                  graph=str(r["graph"]) if _present(r.get("graph")) else "eager", step_ms=float(r["step_ms"]),
+                  overhead_pct=100.0 * (float(r["step_ms"]) / base - 1.0), fits=fits_host,
+                  case_id=str(r.get("case_id")), run_id=r["_run_id"], timer=str(r.get("timer")),
+                  ids=str(r.get("ids") or "uniform"), baseline_ms=base,
+                  baseline_case_id=str(r.get("offload_baseline")))
+
+
+def _resident_options(rows: list[dict[str, Any]], pinned: list[Option], fits_hbm: bool,
+                      every: dict[tuple[str, str], dict[str, Any]]) -> list[Option]:
+    """The HBM rows: each resident figure a pinned option is held against (its case, graph mode
+    and timer, from the option's own run: ``every`` maps (run, case_id) to records), then the
+    resident steps with ids copied in the step (never a baseline)."""
+    from ..record import resident_figures
+
+    out: list[Option] = []
+    seen = set()
+    for o in pinned:
+        r = every.get((o.run_id, o.baseline_case_id))
+        if r is None:
+            continue
+        for f in resident_figures(r):
+            key = (o.run_id, f.case_id, f.graph, f.timer)
+            if f.timer == o.timer and f.ms == o.baseline_ms and key not in seen:
+                seen.add(key)
+                out.append(Option(placement="HBM", path=_path_name(r), prefetch=bool(r.get("prefetch")), ids_on="device",
+                                  graph=f.graph, step_ms=f.ms, overhead_pct=None, fits=fits_hbm, case_id=f.case_id,
+                                  run_id=r["_run_id"], timer=f.timer, ids=str(r.get("ids") or "uniform")))
+    for r in rows:
+        if r.get("impl") == "device" and _ids_on(r) == "host":
+            out.append(Option(placement="HBM, ids copied", path=_path_name(r),
+                              prefetch=bool(r.get("prefetch")), ids_on="host",
+                              graph=str(r.get("graph") or "eager"), step_ms=float(r["step_ms"]), overhead_pct=None,
+                              fits=fits_hbm, case_id=str(r.get("case_id")), run_id=r["_run_id"],
+                              timer=str(r.get("timer")), ids=str(r.get("ids") or "uniform")))
+    return out
 
 
 def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[int], compute_us: float,
            records: list[dict[str, Any]], hbm_bytes: int | None = None, host_bytes: int | None = None,
-           graph_modes: str = "replayed") -> Advice:
-    """The ranked options and the recommendation, from measured step records.  ``graph_modes``:
-    ``replayed`` ranks graph-replayed steps where the runs have them (as a server runs the step),
-    ``any`` ranks eager steps too."""
+           graph_modes: str = "any", ids: str | None = None) -> Advice:
+    """The ranked options and the recommendation, from measured step records, by the rule of
+    :mod:`ple_bench.report.verdict`.  ``graph_modes``: ``any`` (default) ranks every stable pinned
+    step by its step time, ``replayed`` only graph-replayed ones where the runs have them;
+    ``ids``: the id distribution (default: the one with the most stable pinned steps)."""
     if not tokens or any(t < 1 for t in tokens):
         raise AdviseError(f"--tokens: give one or more positive token counts per step, got {tokens}")
     if table_bytes < 1:
@@ -149,19 +188,32 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
         raise AdviseError(f"no measured decode step of dim {dim}, {dtype}, {heads} heads in the runs given "
                           "(run the paths suite for this shape: python -m ple_bench run --suite paths)")
     notes: list[str] = []
+    every = {(str(r.get("_run_id")), str(r.get("case_id"))): r for r in same_shape}  # baselines are per run
     # the newest measurement of each case (run ids sort by date): earlier runs' figures may carry errata
     newest: dict[str, dict[str, Any]] = {}
     for r in sorted(same_shape, key=lambda r: r["_run_id"]):
         newest[str(r.get("case_id"))] = r
     same_shape = list(newest.values())
-    # the nearest table size that has pinned steps with a resident baseline, else the nearest at all
-    compared = {int(r["table_bytes"]) for r in same_shape if r.get("table_bytes") and r.get("impl") != "device"
-                and _present(r.get("offload_baseline_timer"))}
-    sizes = compared or {int(r["table_bytes"]) for r in same_shape if r.get("table_bytes")}
+    # the rule of report/verdict.py: stable pinned steps with a resident baseline, one table size
+    # (the nearest measured), one compute (the nearest), one id distribution
+    from .verdict import candidates, scope
+
+    cands = candidates(same_shape)
+    sizes = {int(r["table_bytes"]) for r in cands if r.get("table_bytes")} or \
+        {int(r["table_bytes"]) for r in same_shape if r.get("table_bytes")}
     measured_table = _nearest(sorted(sizes), table_bytes, log=True)
     pool = [r for r in same_shape if int(r.get("table_bytes") or 0) == measured_table]
-    measured_compute = _nearest(sorted({float(r.get("compute_us") or 0) for r in pool}), compute_us)
+    cands = [r for r in cands if int(r.get("table_bytes") or 0) == measured_table]
+    computes = {float(r.get("compute_us") or 0) for r in cands} or {float(r.get("compute_us") or 0) for r in pool}
+    measured_compute = _nearest(sorted(computes), compute_us)
     pool = [r for r in pool if float(r.get("compute_us") or 0) == measured_compute]
+    cands = [r for r in cands if float(r.get("compute_us") or 0) == measured_compute]
+    where = scope(cands, table_bytes=measured_table, ids=ids)
+    chosen_ids = where.ids if where else (ids or "uniform")
+    pool = [r for r in pool if str(r.get("ids") or "uniform") == chosen_ids]
+    cands = [r for r in cands if str(r.get("ids") or "uniform") == chosen_ids]
+    notes.append(f"{chosen_ids} ids (the distribution with the most stable pinned steps here"
+                 + (", as asked)" if ids else "; --ids picks another)"))
     if abs(math.log(measured_table / table_bytes)) > math.log(1.1):
         notes.append(f"measured on a {measured_table / 2**30:.1f} GiB table, not the asked "
                      f"{table_bytes / 2**30:.1f} GiB: the pinned row rate falls with table size "
@@ -170,36 +222,31 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
         notes.append(f"measured with {measured_compute:g} us of compute, not the asked {compute_us:g} us")
     answers = []
     for t in tokens:
-        measured_t = _nearest(sorted({int(r["num_tokens"]) for r in pool}), t)
+        counts = sorted({int(r["num_tokens"]) for r in (cands or pool)})
+        measured_t = _nearest(counts, t)
         rows = [r for r in pool if int(r["num_tokens"]) == measured_t]
-        # ranked: pinned steps with a like-for-like resident baseline (same graph mode, ids, timer:
-        # records that name offload_baseline_timer), as a server runs the step (graph-replayed) where
-        # such were measured; the resident steps are listed as they are
-        pinned = [r for r in rows if r.get("impl") != "device" and _present(r.get("offload_baseline_timer"))
-                  and _present(r.get("offload_overhead"))]
-        replayed = [r for r in pinned if r.get("graph", "eager") != "eager"]
+        steps = [r for r in cands if int(r["num_tokens"]) == measured_t]
+        replayed = [r for r in steps if r.get("graph", "eager") != "eager"]
         if replayed and graph_modes == "replayed":
-            pinned = replayed
-        resident = [r for r in rows if r.get("impl") == "device"]
-        options = [_option(r, fits_hbm, fits_host) for r in resident + pinned]
-        options.sort(key=lambda o: (o.placement != "HBM", not o.fits,
-                                    o.overhead_pct if o.overhead_pct is not None else o.step_ms))
+            steps = replayed
+        pinned = sorted((_option(r, fits_hbm, fits_host) for r in steps), key=lambda o: (not o.fits, o.step_ms))
+        options = _resident_options(rows, pinned, fits_hbm, every) + pinned
         ans = TokenAnswer(tokens=t, measured_tokens=measured_t, options=options)
-        ranked = [o for o in options if o.placement != "HBM" and o.fits]
-        best = ranked[0] if ranked else None
+        best = next((o for o in pinned if o.fits), None)
         if best is None:
             ans.recommendation = ("HBM" if fits_hbm else "no measured pinned option fits") + \
-                ": no pinned path with a like-for-like resident baseline was measured at this shape"
-        elif not fits_hbm:
-            ans.recommendation = (f"pinned host (the table does not fit the HBM budget): {best.path}, ids on the "
-                                  f"{best.ids_on}, {best.graph}, {best.overhead_pct:+.0f} % over an HBM-resident step")
-        elif best.overhead_pct <= EQUAL_PCT:
-            ans.recommendation = (f"pinned host: {best.path}, ids on the {best.ids_on}, {best.graph}, prefetch "
-                                  f"{'on' if best.prefetch else 'off'} costs {best.overhead_pct:+.0f} % over HBM — "
-                                  f"free the table's {table_bytes / 2**30:.1f} GiB of HBM")
+                ": no stable pinned step with a resident baseline was measured at this shape"
         else:
-            ans.recommendation = (f"HBM: the best pinned path ({best.path}, ids on the {best.ids_on}, {best.graph}) "
-                                  f"costs {best.overhead_pct:+.0f} %")
+            vs = (f"{best.step_ms:.4f} ms vs HBM {best.baseline_ms:.4f} ms ({best.timer}), "
+                  f"{best.overhead_pct:+.1f} %")
+            what = f"{best.path}, ids on the {best.ids_on}, {best.graph}, prefetch {'on' if best.prefetch else 'off'}"
+            if not fits_hbm:
+                ans.recommendation = f"pinned host (the table does not fit the HBM budget): {what}: {vs}"
+            elif best.overhead_pct <= EQUAL_PCT:
+                ans.recommendation = (f"pinned host: {what}: {vs} -- frees the table's "
+                                      f"{table_bytes / 2**30:.1f} GiB of HBM")
+            else:
+                ans.recommendation = f"HBM: the fastest pinned step ({what}) is {vs}"
         if measured_t != t:
             ans.recommendation += f" (measured at {measured_t} tokens)"
         answers.append(ans)
@@ -215,7 +262,8 @@ def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
     if host and not hbm:
         return f"Keep the table in pinned host memory: as fast as HBM (within {EQUAL_PCT:.0f} %) at every asked token count."
     if hbm and not host:
-        return "Keep the table in HBM: no measured pinned path is within 5 % of it at the asked token counts."
+        return (f"Keep the table in HBM: no measured pinned path is within {EQUAL_PCT:.0f} % of it at the asked "
+                "token counts.")
     return (f"Pinned host memory is as fast as HBM at {', '.join(map(str, host))} tokens; "
             f"from {min(hbm)} tokens HBM wins." if host and hbm and min(hbm) > max(host) else
             f"Mixed: pinned host memory at {', '.join(map(str, host))} tokens, HBM at {', '.join(map(str, hbm))}.")
@@ -259,15 +307,19 @@ def format_text(a: Advice) -> str:
         lines.append(f"note: {n}")
     for ans in a.answers:
         lines += ["", f"{ans.tokens} tokens per step (measured at {ans.measured_tokens}): {ans.recommendation}",
-                  "  resident (HBM) steps first, then the pinned options ranked by their overhead over the resident "
-                  "step of the same graph mode, ids and timer",
-                  f"  {'#':>2} {'placement':<11} {'path':<34} {'pf':<3} {'ids':<6} {'graph':<9} {'step ms':>8} "
-                  f"{'vs HBM':>8}  run"]
+                  "  the HBM rows the pinned steps are held against (ids on the device, best graph mode, each "
+                  "pinned step's timer), then the pinned steps by step time; vs HBM = step ms / HBM ms - 1",
+                  "  ('HBM, ids copied': the resident step that copies its ids to the GPU inside the step -- "
+                  "listed, never the baseline)",
+                  f"  {'#':>2} {'placement':<15} {'path':<30} {'pf':<3} {'ids on':<6} {'ids':<9} {'graph':<9} "
+                  f"{'timer':<10} {'step ms':>8} {'HBM ms':>8} {'vs HBM':>8}  run"]
         for i, o in enumerate(ans.options, 1):
-            over = "" if o.overhead_pct is None else f"{o.overhead_pct:+.0f} %"
+            over = "" if o.overhead_pct is None else f"{o.overhead_pct:+.1f} %"
+            base = "" if o.baseline_ms is None else f"{o.baseline_ms:.4f}"
             fits = "" if o.fits else "  (does not fit its budget)"
-            lines.append(f"  {i:>2} {o.placement:<11} {o.path[:34]:<34} {'on' if o.prefetch else 'off':<3} "
-                         f"{o.ids_on:<6} {o.graph:<9} {o.step_ms:8.3f} {over:>8}  {o.run_id}{fits}")
+            lines.append(f"  {i:>2} {o.placement[:15]:<15} {o.path[:30]:<30} {'on' if o.prefetch else 'off':<3} "
+                         f"{o.ids_on:<6} {o.ids[:9]:<9} {o.graph:<9} {o.timer[:10]:<10} {o.step_ms:8.4f} {base:>8} "
+                         f"{over:>8}  {o.run_id}{fits}")
     return "\n".join(lines)
 
 
@@ -292,9 +344,9 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-cores", type=int, help="what-if: host cores for the host-gather paths")
     p.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page")
     p.add_argument("--results-dir", default="results", help="where a self-run (no --runs) stores its run")
-    p.add_argument("--graph", choices=["replayed", "any"], default="replayed",
-                   help="rank graph-replayed steps where the runs have them, as a server runs the step "
-                        "(default), or eager steps too")
+    p.add_argument("--graph", choices=["replayed", "any"], default="any",
+                   help="rank every stable pinned step by its step time (default), or only graph-replayed ones "
+                        "where the runs have them")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
 
 

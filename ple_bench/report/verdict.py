@@ -136,7 +136,7 @@ def path_words(r: Mapping[str, Any]) -> str:
 
 
 def pick_text(p: Pick) -> str:
-    return (f"{p.tokens} tokens: {path_words(p.record)} {p.step_ms:.3f} ms vs HBM {p.baseline_ms:.3f} ms "
+    return (f"{p.tokens} tokens: {path_words(p.record)} {p.step_ms:.4f} ms vs HBM {p.baseline_ms:.4f} ms "
             f"({p.baseline_graph} graph, {p.timer}), {p.overhead_pct:+.1f} %")
 
 
