@@ -408,14 +408,15 @@ class CaseExecutor:
         ids = parse_ids_spec(case.ids).canonical
         valid = backend.shard.num_valid  # the shard's real rows (padding rows are never read)
         wanted = ceil.random_row_rows(rows, backend.row_bytes, case.num_heads, cpu=cpu)
-        c = None
-        # the case's own row count last: the case ran with it, so its buffers fit
+        # the case's own row count: the plain gather of its batch (its latency floor), and the
+        # case ran with it, so its buffers fit
         own = -(-max(rows, 1) // case.num_heads) * case.num_heads
-        for n in dict.fromkeys((wanted, own)):
+        found: dict[int, dict[str, Any]] = {}
+        for n in dict.fromkeys((own, wanted)):
             key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n, alloc)
             if key in self.random_row_ceilings:
-                c = self.random_row_ceilings[key]
-                break
+                found[n] = self.random_row_ceilings[key]
+                continue
             try:
                 sets = [make_ids(ids, n // case.num_heads, case.num_heads, valid,
                                  seed=RANDOM_ROW_SEED + 7919 * k, device=self.device)
@@ -429,12 +430,16 @@ class CaseExecutor:
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 continue
-            self.random_row_ceilings[key] = c
-            break
-        if c is None:
+            self.random_row_ceilings[key] = found[n] = c
+        if not found:
             return {}
-        return {"random_row_ceiling_entry": dict(c), "random_row_ceiling": c["key"],
-                "random_row_ceiling_gbps": c["gbps"]}
+        bandwidth = found.get(wanted) or found[own]
+        out: dict[str, Any] = {"random_row_ceiling_entry": [dict(c) for c in found.values()],
+                               "random_row_ceiling": bandwidth["key"], "random_row_ceiling_gbps": bandwidth["gbps"]}
+        if own in found:
+            out.update(random_row_ceiling_at_rows=found[own]["key"],
+                       random_row_ceiling_at_rows_gbps=found[own]["gbps"])
+        return out
 
     def _host_gather_share(self, case: Case, backend, rows: int, ms: float | None, key: str,
                            policy=None) -> dict[str, Any]:
@@ -442,14 +447,22 @@ class CaseExecutor:
         table and row count (measured once per run and worker, timed as host-path
         lookups are: ``host_sync``, the case policy's L2 setting, see
         :func:`ple_bench.measure.host_gather_ceiling`) and ``ms``'s share of it."""
-        if not type(backend).reads_ids_on_host or backend.weight is None:
-            return {}
+        if not type(backend).gathers_on_host or backend.weight is None:
+            return {}  # copy engines: held against the host->device copy ceiling (record.choose_ceiling)
         from .measure import host_gather_ceiling
+        from .measure.ceilings import HOST_GATHER_ID_SETS
+        from .workload import make_ids, parse_ids_spec
 
-        ident = (backend.table_bytes, rows, backend.row_bytes)
+        ids = parse_ids_spec(case.ids).canonical
+        ident = (backend.table_bytes, rows, backend.row_bytes, ids)
         if ident not in self.host_gather_ceilings:
+            heads = max(1, case.num_heads)
+            n = -(-max(rows, 1) // heads)
+            sets = [make_ids(ids, n, heads, backend.shard.num_valid, seed=RANDOM_ROW_SEED + 104729 * k,
+                             device="cpu").reshape(-1)[:rows]
+                    for k in range(HOST_GATHER_ID_SETS)]
             self.host_gather_ceilings[ident] = host_gather_ceiling(
-                backend.weight, rows, self.device, policy=policy,
+                backend.weight, rows, self.device, policy=policy, id_sets=sets, ids=ids,
                 cold_l2=getattr(policy, "cold_l2", None) if policy is not None else None)
         ceiling = self.host_gather_ceilings[ident]
         out: dict[str, Any] = {"host_gather_ceiling": dict(ceiling),

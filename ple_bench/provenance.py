@@ -134,10 +134,14 @@ def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer)
     found = []
     ceiling = rec.pop("host_gather_ceiling", None)
     if isinstance(ceiling, dict):
-        found.append(("host_gather", f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}", ceiling))
-    ceiling = rec.pop("random_row_ceiling_entry", None)
-    if isinstance(ceiling, dict):
-        found.append(("random_row", str(ceiling["key"]), ceiling))
+        key = f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}"
+        if ceiling.get("ids", "uniform") != "uniform":
+            key += f":{ceiling['ids']}"
+        found.append(("host_gather", key, ceiling))
+    entries = rec.pop("random_row_ceiling_entry", None)
+    for ceiling in entries if isinstance(entries, list) else [entries]:
+        if isinstance(ceiling, dict):
+            found.append(("random_row", str(ceiling["key"]), ceiling))
     if not found:
         return
     ceilings = meta.setdefault("ceilings", {}) or {}

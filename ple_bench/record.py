@@ -131,11 +131,14 @@ FIELDS: tuple[Field, ...] = (
        derived=True),
     _f("rows_per_s", "rows/s", "lookup", "rows / median_ms; None on steps", derived=True),
     _f("ceiling", "", "lookup",
-       "the ceiling the lookup is held against: its own random-row ceiling where measured "
-       "(<memory>_random_row, memory device | pinned | host; the entry is random_row_ceiling), else for "
+       "the ceiling the lookup is held against: its own random-row ceiling at its own row count where "
+       "measured (<memory>_random_row_at_rows: the latency floor of that batch; entry "
+       "random_row_ceiling_at_rows), else its random-row ceiling at a bandwidth-bound batch "
+       "(<memory>_random_row, memory device | pinned | host; entry random_row_ceiling), else for "
        "records without one device-resident tables device_random_row_gbps_<N>B, pinned kernel paths "
        "pinned_random_row_gbps_<N>B (N: the row size, else the nearest measured), functional mode "
-       "host_memcpy_gbps; host paths host_gather; None on steps", derived=True),
+       "host_memcpy_gbps; host-gather paths host_gather; copy-engine paths h2d_gbps (one contiguous "
+       "host->device copy of as many bytes: what copy engines can move); None on steps", derived=True),
     _f("ceiling_gbps", "GB/s", "lookup",
        "that ceiling in GB/s, bytes counted as the lookup's: rows x row_bytes (random_row: "
        "random_row_ceiling_gbps; host_gather: bytes_moved / host_gather_ceiling_ms)", derived=True),
@@ -154,6 +157,16 @@ FIELDS: tuple[Field, ...] = (
        "torch.index_select of rows of the case's id distribution from the tensor its kernel reads, timed as the case (same "
        "timer, L2 flushing, rotating id sets)"),
     _f("random_row_ceiling_gbps", "GB/s", "lookup", "that ceiling: its rows x row bytes / its median time"),
+    _f("random_row_ceiling_at_rows", "", "lookup",
+       "the key of the same random-row ceiling at the lookup's own row count (rounded up to whole tokens): "
+       "the plain gather of that batch, its latency floor where the batch is small"),
+    _f("random_row_ceiling_at_rows_gbps", "GB/s", "lookup", "that ceiling's GB/s"),
+    _f("pct_of_bandwidth_ceiling", "%", "lookup",
+       "100 x gbps / random_row_ceiling_gbps: the share of the bandwidth-bound gather rate (low for a "
+       "latency-bound batch, where pct_of_ceiling holds it against its own batch)", derived=True),
+    _f("lookup_mechanism", "", "all",
+       "how the path moves its rows (from its declared capabilities): kernel (reads the table on the GPU), "
+       "host_gather (the host's cores gather: gathers_on_host), host_copy (copy engines, ids read on the host)"),
     _f("table_in_host_memory", "", "all",
        "the backend declares its table in host memory (capability table_in_host_memory); None: unknown, "
        "then impl 'device' is device-resident and every other impl is not"),
@@ -473,6 +486,15 @@ def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[
                            "pct_of_ceiling": None, "ceiling_exceeded": None}
     gbps = _num(rec.get("gbps"))
     own = _num(rec.get("random_row_ceiling_gbps"))
+    at_rows = _num(rec.get("random_row_ceiling_at_rows_gbps"))
+    mechanism = rec.get("lookup_mechanism") or ("host_copy" if rec.get("impl") == "pinned_copy_engine" else None)
+    if mechanism == "host_copy" and rec.get("mode") in (None, "gpu"):
+        value = _num((ceilings or {}).get("h2d_gbps"))
+        out["ceiling"] = "h2d_gbps"
+        out["ceiling_gbps"] = value if value and value > 0 else None
+        if gbps is not None and out["ceiling_gbps"]:
+            out["pct_of_ceiling"] = 100.0 * gbps / out["ceiling_gbps"]
+        return _flag(out)
     if _num(rec.get("host_gather_ceiling_ms")):
         ms = float(rec["host_gather_ceiling_ms"])
         out["ceiling"] = "host_gather"
@@ -482,7 +504,13 @@ def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[
         median = _num(rec.get("median_ms"))
         out["pct_of_ceiling"] = 100.0 * ms / median if median and median > 0 else None
         return _flag(out)
-    if own is not None and own > 0:
+    if at_rows is not None and at_rows > 0:
+        key = str(rec.get("random_row_ceiling_at_rows") or "")
+        memory = key.split(":", 1)[0] if key else ""
+        out["ceiling"] = f"{memory}_random_row_at_rows" if memory else "random_row_at_rows"
+        out["ceiling_gbps"] = at_rows
+        out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
+    elif own is not None and own > 0:
         key = str(rec.get("random_row_ceiling") or "")
         memory = key.split(":", 1)[0] if key else ""
         out["ceiling"] = f"{memory}_random_row" if memory else "random_row"
@@ -525,7 +553,7 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
     rec["schema_version"] = SCHEMA_VERSION
     kind = rec.get("kind") or "lookup"
     for key in ("gbps", "rows_per_s", "ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling",
-                "ceiling_exceeded"):
+                "ceiling_exceeded", "pct_of_bandwidth_ceiling"):
         rec[key] = None
     if kind == "step":
         _derive_step(rec, _peers(peers))
@@ -540,6 +568,9 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
         if nbytes is not None:
             rec["gbps"] = nbytes / (median * 1e6)
     rec.update(choose_ceiling(rec, ceilings))
+    bandwidth = _num(rec.get("random_row_ceiling_gbps"))
+    if rec["gbps"] is not None and bandwidth:
+        rec["pct_of_bandwidth_ceiling"] = 100.0 * rec["gbps"] / bandwidth
     return rec
 
 

@@ -80,6 +80,20 @@ def table_in_host_memory(impl: str) -> bool | None:
         return None
 
 
+def lookup_mechanism(impl: str) -> str | None:
+    """How the backend moves its rows, from its declared capabilities (record field
+    ``lookup_mechanism``; None when the backend cannot be resolved here)."""
+    from .backends import get_backend
+
+    try:
+        cls = get_backend(impl)
+    except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
+        return None
+    if cls.gathers_on_host:
+        return "host_gather"
+    return "host_copy" if cls.reads_ids_on_host else "kernel"
+
+
 def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) -> None:
     """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
     are computed), then the record joins ``peers`` (:class:`ple_bench.record.Peers`: the
@@ -87,6 +101,7 @@ def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) 
     from . import record
 
     rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
+    rec.setdefault("lookup_mechanism", lookup_mechanism(case.impl))
     record.derive(rec, meta.get("ceilings") or {}, peers)
     peers.add(rec)
 

@@ -139,24 +139,32 @@ def test_the_random_row_ceiling_is_measured_once_per_key(monkeypatch):
         _case(), _case(num_tokens=8), _case(prefetch=True),  # one table, one distribution: one ceiling
         _case(ids="zipf:1.1"), _case(ids="zipf:1.1", num_tokens=8),  # another distribution: a second
     )]
-    assert len(calls) == 2
-    assert [c[1] for c in calls] == ["uniform", "zipf:1.1"] and {c[2] for c in calls} == {"host"}
+    # per distribution: the bandwidth-bound batch once, and each row count the cases read once
+    n = ceil.random_row_rows(8, 16, 2, cpu=True)
+    assert sorted((c[1], c[3][0]) for c in calls) == sorted(
+        (ids, rows) for ids in ("uniform", "zipf:1.1") for rows in (8, 16, n))
+    assert {c[2] for c in calls} == {"host"}
     # on the case's own table: the tensor its kernel reads
     assert calls[0][0] == ex.table.backend.table_for_kernel().data_ptr()
-    n = ceil.random_row_rows(8, 16, 2, cpu=True)
-    assert calls[0][3] == [n, n]  # one id set per policy id set, rows as the ceiling gathers them
+    assert all(len(c[3]) == 2 and len(set(c[3])) == 1 for c in calls)  # one id set per policy id set
     keys = [r["random_row_ceiling"] for r in recs]
     assert keys[0] == keys[1] == keys[2] != keys[3] == keys[4]
     assert keys[0] == ceil.random_row_key("host", ex.table.backend.table_bytes, 16, "uniform", 2, n)
+    at_rows = [r["random_row_ceiling_at_rows"] for r in recs]
+    assert at_rows[0] == at_rows[2] != at_rows[1] and at_rows[3] != at_rows[4]
+    assert at_rows[0] == ceil.random_row_key("host", ex.table.backend.table_bytes, 16, "uniform", 2, 8)
     for r in recs:
-        entry = r["random_row_ceiling_entry"]
-        assert entry["key"] == r["random_row_ceiling"] and r["random_row_ceiling_gbps"] == entry["gbps"] > 0
-        # bytes counted as the lookup counts them: rows x row bytes over the median
-        assert entry["gbps"] == pytest.approx(entry["rows"] * entry["row_bytes"] / (entry["ms"] * 1e6))
+        entries = {e["key"]: e for e in r["random_row_ceiling_entry"]}
+        for key, gbps in ((r["random_row_ceiling"], r["random_row_ceiling_gbps"]),
+                          (r["random_row_ceiling_at_rows"], r["random_row_ceiling_at_rows_gbps"])):
+            entry = entries[key]
+            assert gbps == entry["gbps"] > 0
+            # bytes counted as the lookup counts them: rows x row bytes over the median
+            assert entry["gbps"] == pytest.approx(entry["rows"] * entry["row_bytes"] / (entry["ms"] * 1e6))
     ex.release_table()
     # a new table (another row size) is another ceiling
     ex.run(_case(dim=32), _policy())
-    assert len(calls) == 3 and calls[2][1] == "uniform"
+    assert len(calls) == 8 and calls[6][1] == calls[7][1] == "uniform"
 
 
 def test_the_random_row_ceiling_draws_the_cases_distribution(monkeypatch):
@@ -199,16 +207,18 @@ def test_ceilings_are_timed_through_measure_as_their_cases(monkeypatch):
     gathers = [c for c in host_calls if c["label"].startswith("ceiling_host_gather_")]
     assert gathers and gathers[0]["label"] == "ceiling_host_gather_index_select"
     (kernel_case,) = [c for c in kernel_calls if c["label"] == "lookup"]
-    (rr,) = [c for c in kernel_calls if c["label"] == "ceiling_host_random_row"]
+    rrs = [c for c in kernel_calls if c["label"] == "ceiling_host_random_row"]
+    assert len(rrs) == 2  # at the case's own rows and at the bandwidth-bound batch
     # the host-gather ceiling's gathers on the path its host-path case is timed on: host_sync, same L2
     for gather in gathers:
         assert gather["host_sync"] is host_case["host_sync"] is True
         assert gather["cold_l2"] is host_case["cold_l2"] is True
     # the random-row ceiling as its kernel-path case: no host_sync, the same L2 setting
-    assert rr.get("host_sync", False) is kernel_case["host_sync"] is False
-    assert rr["cold_l2"] is kernel_case["cold_l2"] is True
+    for rr in rrs:
+        assert rr.get("host_sync", False) is kernel_case["host_sync"] is False
+        assert rr["cold_l2"] is kernel_case["cold_l2"] is True
     # a bounded copy of the case's policy
-    for c in (*gathers, rr):
+    for c in (*gathers, *rrs):
         assert c["policy"].max_time_s == ceil.CEILING_MAX_TIME_S and c["policy"].min_samples == pol.min_samples
 
 
@@ -282,7 +292,10 @@ def test_a_functional_run_keeps_its_random_row_ceilings_in_meta(tmp_path):
             continue
         entry = table[r["random_row_ceiling"]]
         assert entry["ids"] == r["ids"] and entry["row_bytes"] == r["row_bytes"] and entry["memory"] == "host"
-        assert r["ceiling"] == "host_random_row" and r["ceiling_gbps"] == entry["gbps"]
+        own = table[r["random_row_ceiling_at_rows"]]
+        assert own["rows"] == r["rows"] and own["ids"] == r["ids"]
+        assert r["ceiling"] == "host_random_row_at_rows" and r["ceiling_gbps"] == own["gbps"]
+        assert r["pct_of_bandwidth_ceiling"] == pytest.approx(100 * r["gbps"] / entry["gbps"])
         assert r["ceiling_exceeded"] == (r["pct_of_ceiling"] > CEILING_SLACK_PCT)
 
 

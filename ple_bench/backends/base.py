@@ -30,7 +30,8 @@ result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
 
 *Capabilities* (class attributes, :data:`CAPABILITIES` gives their types):
 ``supports_prefetch``, ``table_in_host_memory``, ``blocks_host``,
-``reads_ids_on_host``, ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+``reads_ids_on_host``, ``gathers_on_host`` (the host's cores gather the rows: the host-gather
+ceiling binds the path), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
 sample of past traffic before it is measured), ``side_stream_settings`` (which
 of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
@@ -109,6 +110,7 @@ CAPABILITIES: dict[str, type | tuple[type, ...]] = {
     "table_in_host_memory": bool,
     "blocks_host": bool,
     "reads_ids_on_host": bool,
+    "gathers_on_host": bool,
     "warms_cache": bool,
     "default_kernel": str,
     "side_stream_settings": frozenset,
@@ -146,6 +148,10 @@ class PLEEmbedding(ABC):
     blocks_host: ClassVar[bool] = False
     #: the path reads the ids on the host (host gather, copy addresses); others read them on the device
     reads_ids_on_host: ClassVar[bool] = False
+    #: the host's cores gather the rows (into staging, then one copy): the host-gather ceiling
+    #: binds the path; a path that reads the ids on the host without gathering (copy engines)
+    #: is held against the host->device copy ceiling instead
+    gathers_on_host: ClassVar[bool] = False
     #: :meth:`warm_cache` fills a cache from a sample of past traffic: the engine calls it
     #: (with an independent sample of the case's id distribution) before checking and timing
     warms_cache: ClassVar[bool] = False

@@ -75,6 +75,8 @@ class PinnedCPUGatherEmbedding(HostPathEmbedding):
     ids come from and what the prefetch waits for.
     """
 
+    gathers_on_host = True
+
     thread_name = "ple_cpu_gather"
     sm_limit_refusal = ("pinned_cpu_gather gathers on the host's cores and copies with the copy "
                         "engines; no SMs run its lookup, so an SM limit does not apply")

@@ -206,17 +206,20 @@ def _row_loop(table_bytes_view: torch.Tensor):
 def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0,
                         policy: "TimingPolicy | None" = None, cold_l2: bool | None = None,
                         budget_s: float = HOST_GATHER_BUDGET_S, warm: bool = True,
-                        row_loop: bool = True) -> dict[str, Any]:
+                        row_loop: bool = True, id_sets: list[torch.Tensor] | None = None,
+                        ids: str = "uniform") -> dict[str, Any]:
     """The host-gather ceiling of ``table`` (a host ``[rows_total, ...]`` tensor, pinned
-    on a GPU machine) for ``rows`` rows: the faster of two plain gathers of uniform random
-    rows (rotating through :data:`HOST_GATHER_ID_SETS` id sets) into pinned staging with
-    all torch threads, each followed by one ``copy_(non_blocking=True)`` to the device:
+    on a GPU machine) for ``rows`` rows: the faster of two plain gathers of random rows
+    (``id_sets``: flat id tensors of the case's distribution, named ``ids``; default
+    :data:`HOST_GATHER_ID_SETS` uniform sets), one set per call in turn, into pinned
+    staging with all torch threads, each followed by one ``copy_(non_blocking=True)`` to
+    the device:
 
     * ``index_select`` -- ``torch.index_select`` (``torch_ms``);
     * ``row_loop`` -- the native row loop that ``pinned_cpu_gather`` uses, called alone
-      (``row_loop_ms``; None where it is not built, or with ``row_loop=False``). On a lent
-      H200 host it gathered in 72-89 % of index_select's time at 1-64 K rows (session 6),
-      so index_select alone did not bound the path that uses it.
+      (``row_loop_ms``; None where it is not built, or with ``row_loop=False``). On the lent
+      H200 hosts it gathered in 72-89 % of index_select's time at 1-64 K rows, so
+      index_select alone did not bound the path that uses it.
 
     ``gather`` names the one that binds (the lower median), ``ms`` is its median.  Each is
     timed as host-path lookups are: :func:`ple_bench.measure.timer.measure` with
@@ -237,7 +240,11 @@ def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0
         cold_l2 = pol.cold_l2
     view = table.view(torch.uint8).view(table.shape[0], -1)
     total, row_bytes = view.shape
-    id_sets = _uniform_id_sets(total, rows, HOST_GATHER_ID_SETS, seed)
+    if id_sets is None:
+        id_sets = _uniform_id_sets(total, rows, HOST_GATHER_ID_SETS, seed)
+    elif any(s.numel() != rows for s in id_sets):
+        raise ValueError(f"every id set of a host-gather ceiling has {rows} rows")
+    id_sets = [s.reshape(-1).to(device="cpu", dtype=torch.int64) for s in id_sets]
     staging = torch.empty(rows, row_bytes, dtype=torch.uint8, pin_memory=cuda)
     dest = torch.empty(rows, row_bytes, dtype=torch.uint8, device=device) if cuda else None
     gathers: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
@@ -268,7 +275,7 @@ def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0
         meas, ms = timed[binding], medians[binding]
         out = {"ms": ms, "rows_per_s": rows / (ms / 1e3), "rows": rows, "table_bytes": total * row_bytes,
                "row_bytes": row_bytes, "threads": torch.get_num_threads(), "repeats": len(meas.samples_ms),
-               "timer": meas.timer, "cold_l2": meas.cold_l2, "id_sets": len(id_sets), "gather": binding,
+               "timer": meas.timer, "cold_l2": meas.cold_l2, "id_sets": len(id_sets), "ids": ids, "gather": binding,
                "torch_ms": medians["index_select"], "row_loop_ms": medians.get("row_loop")}
         if warm:
             back_to_back = repeat_timed(plain(gathers[binding]), device=device, host=True, warmup=3,
