@@ -132,7 +132,7 @@ class Case:
 
 
 #: the resident step a pinned step is held against: its path axes at these values
-#: (:data:`ple_bench.record.PATH_AXES`; the graph mode is the pinned step's own and breakable)
+#: (:data:`ple_bench.record.PATH_AXES`; graph mode and prefetch: see resident_baselines)
 RESIDENT_PATH = {"impl": "device", "kernel": "", "ids_on": "device", "host_alloc": "torch", "gather_threads": 0,
                  "cache_rows": 0, "grid_frac": 1.0, "stream_priority": 0, "sm_limit": 0, "extra": ()}
 
@@ -140,12 +140,13 @@ RESIDENT_PATH = {"impl": "device", "kernel": "", "ids_on": "device", "host_alloc
 def resident_baselines(case: Case) -> list[Case]:
     """The resident steps a pinned step's ``offload_overhead`` needs (none for other cases):
     the device table with ids on the device and the same workload, in the step's own graph
-    mode (its same-graph figure) and breakable (a breakable resident step also times its full
-    graph: the best graph mode a server replays)."""
+    mode and prefetch (its like-for-like figure), and breakable without prefetch (a breakable
+    resident step also times its full graph: the best a server replays; a resident lookup
+    needs no side stream)."""
     if case.kind != "step" or case.impl == "device":
         return []
-    modes = [case.graph] + ([] if case.graph == "breakable" else ["breakable"])
-    return [dataclasses.replace(case, graph=mode, **RESIDENT_PATH) for mode in modes]
+    settings = dict.fromkeys([(case.graph, case.prefetch), ("breakable", case.prefetch), ("breakable", False)])
+    return [dataclasses.replace(case, graph=g, prefetch=p, **RESIDENT_PATH) for g, p in settings]
 
 
 def with_baselines(cases: list[Case]) -> list[Case]:

@@ -37,12 +37,17 @@ Schema versions:
 * 5 -- ``offload_overhead`` is derived here from the run's records (:class:`Peers`), against
   the resident step a server would run instead: ids on the device, the same workload
   (:func:`baseline_key`: table, shape, heads, tokens, compute, id distribution, seed,
-  prefetch, topology), its fastest graph mode (a full graph where captured), on the pinned
-  step's own timer; ``offload_baseline*`` name it; ``offload_overhead_same_graph`` holds the
-  step against the resident step of its own graph mode.  Resident steps carry none.
+  topology), its fastest graph mode and prefetch setting (a full graph where captured), on
+  the pinned step's own timer; ``offload_baseline*`` name it; ``offload_overhead_same_graph``
+  holds the step against the resident step of its own graph mode and prefetch.  Resident
+  steps carry none.
   Older records are upgraded by deriving these again; the stored figure (held against the
   last resident step measured with the same table, shape, tokens, compute, graph mode and
   ids placement) is kept as ``legacy_offload_overhead``.
+* 6 -- as 5, but the baseline's prefetch setting is the resident path's own choice, as its
+  graph mode is: the fastest resident step of the workload with or without prefetch (the
+  like-for-like figure keeps the step's own).  Version-5 records (one run, 2026-12-01, whose
+  baseline kept the pinned step's prefetch) are derived again.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: a lookup above this share of its ceiling says the ceiling is wrong for it (it does not
 #: bound what the lookup does), not that the lookup is fast
@@ -236,8 +241,9 @@ FIELDS: tuple[Field, ...] = (
        "(offload_baseline_note says why)", derived=True),
     _f("offload_baseline", "", "step",
        "the case_id of that resident step: impl device, ids on the device, the same table, shape, heads, tokens, "
-       "compute, id distribution, seed, prefetch and topology, in its fastest graph mode measured (a full graph "
-       "where it was captured), on this step's timer", derived=True),
+       "compute, id distribution, seed and topology, in its fastest graph mode and prefetch setting measured (a "
+       "full graph where it was captured; a resident lookup on a side stream is slower on the H200), on this "
+       "step's timer", derived=True),
     _f("offload_baseline_ms", "ms", "step", "the baseline's step time on this step's timer", derived=True),
     _f("offload_baseline_graph", "", "step", "the graph mode of the baseline figure (eager, breakable, full)",
        derived=True),
@@ -245,8 +251,8 @@ FIELDS: tuple[Field, ...] = (
     _f("offload_baseline_note", "", "step", "why offload_overhead is None for a pinned step", derived=True),
     _f("offload_overhead_same_graph", "", "step",
        "step_ms / offload_baseline_same_graph_ms - 1: against the resident step in this step's own graph mode "
-       "(same rule otherwise), so the cost of the graph mode shows apart from the cost of the table's place",
-       derived=True),
+       "and prefetch setting (same rule otherwise), so the cost of the graph mode shows apart from the cost of "
+       "the table's place", derived=True),
     _f("offload_baseline_same_graph", "", "step", "the case_id of that same-graph resident step", derived=True),
     _f("offload_baseline_same_graph_ms", "ms", "step", "its step time on this step's timer", derived=True),
     _f("step_host_sync_ms", "ms", "step", "resident steps: the same step on the host-sync timer"),
@@ -367,14 +373,15 @@ def twins_of(records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, float
 
 #: case axes that name the path, not the workload: a pinned step's resident baseline may differ in
 #: these (it is the device table, ids on the device, in its own best graph mode)
-PATH_AXES = ("impl", "kernel", "graph", "ids_on", "host_alloc", "gather_threads", "cache_rows", "grid_frac",
-             "stream_priority", "sm_limit", "extra")
+PATH_AXES = ("impl", "kernel", "graph", "prefetch", "ids_on", "host_alloc", "gather_threads", "cache_rows",
+             "grid_frac", "stream_priority", "sm_limit", "extra")
 
 
 def baseline_key(rec: Mapping[str, Any]) -> str:
     """The key a step shares with the resident step a server would run instead: every case
     axis but the path's own (:data:`PATH_AXES`) -- the table, shape, heads, tokens, compute,
-    id distribution and seed, prefetch and topology."""
+    id distribution and seed, and topology.  Prefetch is the path's: a resident table read on
+    a side stream is a choice its server makes or not, as its graph mode is."""
     from .case import Case
     import dataclasses
 
@@ -389,12 +396,13 @@ def baseline_key(rec: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ResidentFigure:
-    """One figure of a resident step that can be a baseline: its case, graph mode and timer."""
+    """One figure of a resident step that can be a baseline: its case, graph mode, prefetch and timer."""
 
     case_id: str
     graph: str
     timer: str
     ms: float
+    prefetch: bool = False
 
 
 def resident_figures(rec: Mapping[str, Any]) -> list[ResidentFigure]:
@@ -405,12 +413,13 @@ def resident_figures(rec: Mapping[str, Any]) -> list[ResidentFigure]:
             or (rec.get("ids_on") or "device") != "device"):
         return []
     cid, graph, timer = str(rec.get("case_id")), str(rec.get("graph") or "eager"), str(rec.get("timer"))
+    prefetch = bool(rec.get("prefetch"))
     out = []
     for ms_key, g, t in (("step_ms", graph, timer), ("step_host_sync_ms", graph, "host_sync"),
                          ("full_step_ms", "full", timer), ("full_step_host_sync_ms", "full", "host_sync")):
         ms = _num(rec.get(ms_key))
         if ms is not None and ms > 0:
-            out.append(ResidentFigure(cid, g, t, ms))
+            out.append(ResidentFigure(cid, g, t, ms, prefetch))
     return out
 
 
@@ -437,12 +446,14 @@ class Peers:
         if figures:
             self.residents.setdefault(baseline_key(rec), []).extend(figures)
 
-    def baseline(self, rec: Mapping[str, Any], graph: str | None = None) -> ResidentFigure | None:
+    def baseline(self, rec: Mapping[str, Any], like_for_like: bool = False) -> ResidentFigure | None:
         """The resident figure ``rec`` is held against: same baseline key, ``rec``'s timer, the
-        fastest graph mode (or ``graph`` only); None when the run has none."""
+        fastest graph mode and prefetch setting measured (``like_for_like``: ``rec``'s own graph
+        mode and prefetch only); None when the run has none."""
         timer = str(rec.get("timer"))
+        graph, prefetch = str(rec.get("graph") or "eager"), bool(rec.get("prefetch"))
         found = [f for f in self.residents.get(baseline_key(rec), ())
-                 if f.timer == timer and (graph is None or f.graph == graph)]
+                 if f.timer == timer and (not like_for_like or (f.graph, f.prefetch) == (graph, prefetch))]
         return min(found, key=lambda f: f.ms) if found else None
 
 
@@ -613,13 +624,13 @@ def _derive_offload(rec: dict[str, Any], peers: Peers) -> None:
     if best is None:
         rec["offload_baseline_note"] = (
             f"the run has no resident step (impl device, ids on the device) with this step's table, shape, "
-            f"tokens, compute, id distribution, seed, prefetch and topology on its timer ({rec.get('timer')})")
+            f"tokens, compute, id distribution, seed and topology on its timer ({rec.get('timer')})")
         return
     rec.update(offload_baseline=best.case_id, offload_baseline_ms=best.ms, offload_baseline_graph=best.graph,
                offload_baseline_timer=best.timer)
     if step_ms is not None:
         rec["offload_overhead"] = step_ms / best.ms - 1.0
-    same = peers.baseline(rec, graph=str(rec.get("graph") or "eager"))
+    same = peers.baseline(rec, like_for_like=True)
     if same is not None:
         rec.update(offload_baseline_same_graph=same.case_id, offload_baseline_same_graph_ms=same.ms)
         if step_ms is not None:
@@ -631,8 +642,8 @@ def _derive_offload(rec: dict[str, Any], peers: Peers) -> None:
 def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Records of a stored run in the current schema (copies; current ones unchanged).
 
-    Version 4 records (and older): the offload figures are derived again with :class:`Peers`
-    (schema 5), the stored ``offload_overhead`` kept as ``legacy_offload_overhead``.
+    Version 5 records (and older): the offload figures are derived again with :class:`Peers`;
+    a version-4 (or older) record's stored ``offload_overhead`` is kept as ``legacy_offload_overhead``.
     Version 3 records (and older) holding a host-gather ceiling get
     ``host_gather_ceiling_gather = "index_select"``: the one gather that ceiling timed.
     Version 2 records: the derived fields are derived again (``ceiling_exceeded`` is new;
@@ -663,7 +674,7 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
         if (version == 1 and kind == "step" and original.get("prefetch")
                 and original.get("overlap_efficiency") is not None):
             rec["legacy_overlap_efficiency"] = original.get("overlap_efficiency")
-        if kind == "step" and _num(original.get("offload_overhead")) is not None:
+        if kind == "step" and version <= 4 and _num(original.get("offload_overhead")) is not None:
             rec["legacy_offload_overhead"] = original.get("offload_overhead")
         derive(rec, ceilings, peers)
         if _num(rec.get("host_gather_ceiling_ms")) is not None and not rec.get("host_gather_ceiling_gather"):

@@ -100,6 +100,8 @@ def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) 
     overlap twins and resident baselines of the records after it)."""
     from . import record
 
+    if not isinstance(peers, record.Peers):
+        raise TypeError(f"derive_record needs a record.Peers (the run's twins and baselines), got {type(peers).__name__}")
     rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
     rec.setdefault("lookup_mechanism", lookup_mechanism(case.impl))
     record.derive(rec, meta.get("ceilings") or {}, peers)

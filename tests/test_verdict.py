@@ -96,3 +96,14 @@ def test_the_report_finding_is_the_banner():
     (f,) = offload_answer_findings(Run(Path("r"), {"mode": "gpu"}, recs))
     assert f.text == banner(recs) and f.topic == "answer"
     assert picks(candidates(recs), scope(candidates(recs)), 200.0)[64].baseline_case_id == recs[0]["case_id"]
+
+
+def test_stability_reads_the_interquartile_range_not_outliers():
+    from ple_bench.report.verdict import spread, stable
+
+    # a host-timed step: a few pre-empted samples lift the plain CV, the quartiles barely move
+    preempted = {"median_ms": 0.30, "iqr_ms": 0.012, "cv": 0.85}
+    assert spread(preempted) == pytest.approx(0.012 / 1.349 / 0.30) and stable(preempted)
+    wide = {"median_ms": 0.30, "iqr_ms": 0.09, "cv": 0.05}  # a bimodal series: the quartiles are apart
+    assert not stable(wide)
+    assert not stable({**preempted, "unstable": True})
