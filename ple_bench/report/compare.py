@@ -317,10 +317,13 @@ def _change(base_ms: float | None, cand_ms: float | None) -> float | None:
 
 def _noise_pct(values: Sequence[float]) -> float | None:
     """100 x std / mean of a side's observations (nvbench's noise: relative standard deviation)."""
+    import numpy as np
+
     if len(values) < 2:
         return None
-    mean = statistics.fmean(values)
-    return 100.0 * statistics.stdev(values) / mean if mean else None
+    arr = np.asarray(values, dtype=float)
+    mean = float(arr.mean())
+    return 100.0 * float(arr.std(ddof=1)) / mean if mean else None
 
 
 def significant(p_value: float, alpha: float) -> bool:
