@@ -194,9 +194,9 @@ def test_unmatched_and_broken_cases(tmp_path):
 
 @pytest.mark.slow
 def test_nightly_script_end_to_end(tmp_path):
-    """scripts/nightly.sh with a stand-in run command (3 runs a night): no baseline, start one from a
-    night's runs, a night with a planted regression (run medians, 3 vs 3), a night accepted into the
-    baseline, and the older one-run baseline with one run a night (pooled, with the caveat)."""
+    """scripts/nightly.sh with a stand-in run command (6 runs a night, the default): no baseline, start
+    one from a night's runs, a night with a planted regression (run medians, 6 vs 6, Holm), a night
+    accepted into the baseline, and the older one-run baseline with one run a night (pooled, advisory)."""
     maker = tmp_path / "fake_run.py"
     maker.write_text(
         "import os, sys\n"
@@ -220,7 +220,7 @@ def test_nightly_script_end_to_end(tmp_path):
                               capture_output=True, text=True, timeout=300)
 
     def night_runs(n: int) -> list[str]:
-        return [f"2026113{n}-0200{k}0-nightly-000{n}" for k in (1, 2, 3)]
+        return [f"2026113{n}-0200{k}0-nightly-000{n}" for k in range(1, 7)]
 
     baseline = tmp_path / "results" / "baseline"
 
@@ -238,14 +238,20 @@ def test_nightly_script_end_to_end(tmp_path):
     assert baseline_runs() == night_runs(2)
     third = night(3)
     assert third.returncode == 1, third.stdout + third.stderr
-    assert re.search(rf"^regression .* 3/3  {re.escape(TARGET.case_id)}$", third.stdout, re.M)
-    assert "run medians of 3 vs 3 runs" in third.stdout and "not independent" not in third.stdout
+    assert re.search(rf"^regression .* 6/6  {re.escape(TARGET.case_id)}$", third.stdout, re.M)
+    assert "run medians of 6 vs 6 runs" in third.stdout and "Holm over 12 cases" in third.stdout
+    assert "not independent" not in third.stdout
     assert baseline_runs() == night_runs(2)  # a failing night does not move the baseline
     new = tmp_path / "results" / night_runs(3)[-1]
     assert (new / "pytest-benchmark.json").exists()
     report = (tmp_path / "reports" / new.name / "index.html").read_text()
-    assert "Trend over 9 runs" in report  # 3 nights x 3 runs; the baseline's symlinks are not counted
-    assert (tmp_path / "reports" / f"compare-{night_runs(2)[0]}+2-vs-{night_runs(3)[0]}+2.html").exists()
+    assert "Trend over 15 runs" in report  # the last 14 + this one; the baseline's symlinks are not counted
+    assert (tmp_path / "reports" / f"compare-{night_runs(2)[0]}+5-vs-{night_runs(3)[0]}+5.html").exists()
+    summary = (tmp_path / "reports" / f"compare-{new.name}.md").read_text()
+    assert re.search(rf"\| {re.escape(TARGET.case_id)} \|.*\| SLOW \|", summary)
+    assert (tmp_path / "reports" / f"compare-{new.name}.csv").exists()
+    history = (tmp_path / "reports" / "history-nightly.html").read_text()
+    assert history.count("data:image/png;base64,") == 12 and "history of 12 cases over 18 runs" in third.stdout
     # An accepted night: it passes against the old baseline and becomes the baseline.
     fourth = night(4, PLE_BENCH_ACCEPT="1")
     assert fourth.returncode == 0, fourth.stdout + fourth.stderr
@@ -254,7 +260,7 @@ def test_nightly_script_end_to_end(tmp_path):
     # The older layout: a baseline that is one run directory, one run a night: pooled samples, said so.
     fifth = night(5, PLE_BENCH_RUNS="1", PLE_BENCH_BASELINE=str(tmp_path / "results" / night_runs(4)[0]))
     assert fifth.returncode == 0, fifth.stdout + fifth.stderr
-    assert "samples within one run are not independent" in fifth.stdout
+    assert "advisory: samples within one run are not independent" in fifth.stdout
 
 
 # ------------------------------------------------------------ several runs a side (run medians)
