@@ -3,9 +3,12 @@
 # separate processes and table allocations), export and report the newest with a trend
 # over the last N nightly runs, and compare those runs with the baseline: a set of
 # accepted runs kept as symlinks in a baseline directory.  With >= 3 runs on each side
-# the verdict is on run medians (see ple_bench/report/compare.py).  Exits with
-# compare's code: 0 no regression, 1 regression (or a case that broke, or a run itself
-# failed), 2 bad input (no baseline, no new run, nothing in common).  See docs/nightly.md.
+# the verdict is on run medians, Holm-adjusted over the cases (see
+# ple_bench/report/compare.py); for the 23 nightly cases a call needs 6 runs a side, so
+# that is the default.  Writes the compare's HTML, markdown and CSV summaries and the
+# history page (each case's run median over the kept runs).  Exits with compare's code:
+# 0 no regression, 1 regression (or a case that broke, or a run itself failed), 2 bad
+# input (no baseline, no new run, nothing in common).  See docs/nightly.md.
 #
 # Environment (all optional):
 #   PLE_BENCH_PYTHON     python to use (default: .venv/bin/python if present, else python3)
@@ -14,13 +17,16 @@
 #   PLE_BENCH_BASELINE   the baseline: a directory of symlinks to accepted runs (default:
 #                        $PLE_BENCH_RESULTS/baseline); a run directory (or a symlink to one)
 #                        is also accepted as a one-run baseline (the older layout)
-#   PLE_BENCH_BASELINE_RUNS  how many accepted runs the baseline keeps (default: 3)
-#   PLE_BENCH_RUNS       how many runs of the suite a night makes: the candidate (default: 3)
+#   PLE_BENCH_BASELINE_RUNS  how many accepted runs the baseline keeps (default: 6)
+#   PLE_BENCH_RUNS       how many runs of the suite a night makes: the candidate (default: 6;
+#                        with Holm over 23 cases, 3 or 4 vs as many can call nothing, and
+#                        compare says so)
 #   PLE_BENCH_SUITE      suite name (default: nightly)
-#   PLE_BENCH_HISTORY    how many earlier nightly runs the trend shows (default: 14)
+#   PLE_BENCH_HISTORY    how many earlier nightly runs the trend shows (default: 14; the
+#                        history page, reports/history-<suite>.html, shows every kept run)
 #   PLE_BENCH_THRESHOLD  regression threshold in % (default: 5)
-#   PLE_BENCH_ALPHA      Mann-Whitney significance level (default: compare's: 0.05 on run
-#                        medians, 0.01 on pooled samples)
+#   PLE_BENCH_ALPHA      Mann-Whitney significance level (default: compare's: 0.05 family-wise
+#                        on run medians, 0.01 on pooled samples, which are advisory)
 #   PLE_BENCH_RUN_CMD    the run command (default: "$PY -m ple_bench run --suite $SUITE --results-dir $RESULTS --no-report")
 #   PLE_BENCH_INIT_BASELINE=1  with no baseline yet, make tonight's runs the baseline and exit 0
 #   PLE_BENCH_ACCEPT=1   after the compare, tonight's runs join the baseline, which keeps the
@@ -36,8 +42,8 @@ else PY=python3; fi
 RESULTS="${PLE_BENCH_RESULTS:-results}"
 REPORTS="${PLE_BENCH_REPORTS:-reports}"
 BASELINE="${PLE_BENCH_BASELINE:-$RESULTS/baseline}"
-KEEP="${PLE_BENCH_BASELINE_RUNS:-3}"
-RUNS="${PLE_BENCH_RUNS:-3}"
+KEEP="${PLE_BENCH_BASELINE_RUNS:-6}"
+RUNS="${PLE_BENCH_RUNS:-6}"
 SUITE="${PLE_BENCH_SUITE:-nightly}"
 HISTORY="${PLE_BENCH_HISTORY:-14}"
 THRESHOLD="${PLE_BENCH_THRESHOLD:-5}"
@@ -110,9 +116,12 @@ if [ "${#base[@]}" -eq 0 ]; then
   exit 2
 fi
 
+summary="$REPORTS/compare-$(basename "$last")"
 "$PY" -m ple_bench.report compare "${base[@]}" --vs "${new[@]}" --threshold "$THRESHOLD" "${ALPHA_ARGS[@]}" \
-  --reports-dir "$REPORTS"
+  --reports-dir "$REPORTS" --markdown "$summary.md" --csv "$summary.csv"
 rc=$?
+"$PY" -m ple_bench.report compare "${base[@]}" --history "$RESULTS" --suite "$SUITE" --reports-dir "$REPORTS" \
+  || echo "nightly: history page failed (not fatal)" >&2
 if [ "$rc" -eq 0 ] && [ "$run_rc" -ne 0 ]; then
   echo "nightly: compare found no regression, but a run itself exited with $run_rc: failing" >&2
   rc=1
