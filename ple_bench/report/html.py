@@ -7,7 +7,8 @@ were not measured with their reasons.  The page is self-contained (CSS, JS and
 images inline) and opens from disk with no network.
 
 CLI: ``python -m ple_bench report RUN_DIR [--reports-dir DIR] [--history RUN_DIR ...]
-[--history-last N]`` through :func:`add_report_args` / :func:`run_report`.
+[--history-last N]`` through :func:`add_report_args` / :func:`run_report`; it also rewrites the
+run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.export`).
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
         ref = g.reference
         for r in g.records:
             t = num(r.get("median_ms"))
-            row = {"workload": g.label, "path": path_of(r), "cache_rows": r.get("cache_rows") or None,
+            row = {"workload": g.label, "table_bytes": r.get("table_bytes"), "path": path_of(r),
+                   "cache_rows": r.get("cache_rows") or None,
                    "median_ms": t, "vs_fastest": t / t0, "status": "ok",
                    "vs_reference": t / num(ref.get("median_ms")) if ref is not None else None,
                    "gbps": r.get("gbps"), "rows_per_s": r.get("rows_per_s"), "hit_rate": hit_rate(r),
@@ -200,6 +202,7 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
             rows.append(row)
     cols = [
         Column("workload", "workload", "text"),
+        Column("table_bytes", "table", formatter=fmt_bytes, help="bytes of the whole table"),
         Column("path", "path (impl · kernel)", "text"),
         Column("cache_rows", "cache rows"),
         Column("median_ms", "median ms"),
@@ -216,7 +219,9 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
                help="CPU time of the path's own host threads per lookup (0: the path uses none)"),
         Column("case_id", "case", "text"),
     ]
-    cols = [c for c in cols if c.key in ("workload", "path") or any(c.raw(r) not in (None, "") for r in rows)]
+    sizes = {num(r["table_bytes"]) for r in rows}
+    cols = [c for c in cols if c.key in ("workload", "path") or (c.key == "table_bytes" and len(sizes) > 1)
+            or (c.key != "table_bytes" and any(c.raw(r) not in (None, "") for r in rows))]
     return cols, table_rows(cols, rows)
 
 
@@ -311,13 +316,17 @@ def _value_text(key: str, value: Any) -> str:
 
 # How a ceiling's field is headed in the report's tables (unit once, in the header).
 _CEILING_HEADERS = {"gbps": "GB/s", "ms": "ms", "warm_ms": "warm ms", "torch_ms": "index_select ms",
-                    "row_loop_ms": "row loop ms", "rows_per_s": "rows/s", "table_bytes": "table",
+                    "row_loop_ms": "row loop ms", "rows_per_s": "M rows/s", "table_bytes": "table",
                     "row_bytes": "row B", "num_heads": "heads", "id_sets": "id sets", "cold_l2": "cold L2",
                     "host_alloc": "host alloc", "warm_repeats": "warm repeats"}
 
 
 def _sig3(v: Any) -> str:
     return fmt(v, 3)
+
+
+def _millions(v: Any) -> str:
+    return "" if num(v) is None else fmt(num(v) / 1e6, 3)
 
 
 def machine_ceilings(run: Run) -> tuple[list[Column], list[dict[str, Any]], list[str]]:
@@ -329,7 +338,7 @@ def machine_ceilings(run: Run) -> tuple[list[Column], list[dict[str, Any]], list
         rate = run.ceiling_value(name.replace("gbps", "rows_per_s"))
         rows.append({"status": "", "name": name, "gbps": gbps, "rows_per_s": rate})
     cols = [Column("name", "ceiling", "text"), Column("gbps", "GB/s", formatter=_sig3),
-            Column("rows_per_s", "rows/s", formatter=_sig3)]
+            Column("rows_per_s", "M rows/s", formatter=_millions)]
     if not any(r["rows_per_s"] is not None for r in rows):
         cols = cols[:2]
     shown = {r["name"] for r in rows} | {r["name"].replace("gbps", "rows_per_s") for r in rows if r["rows_per_s"]}
@@ -364,7 +373,8 @@ def per_case_ceilings(run: Run) -> list[CeilingTable]:
             values = [e.get(f) for e in entries.values() if e.get(f) is not None]
             numeric = bool(values) and all(num(v) is not None and not isinstance(v, bool) for v in values)
             header = _CEILING_HEADERS.get(f, f.replace("_", " "))
-            formatter = fmt_bytes if f.endswith("bytes") else _sig3 if numeric else None
+            formatter = (fmt_bytes if f.endswith("bytes") else _millions if f.endswith("rows_per_s")
+                         else _sig3 if numeric else None)
             cols.append(Column(f, header, "num" if numeric else "text", formatter=formatter))
         rows = [dict(entry, key=key, status="") for key, entry in entries.items()]
         out.append(CeilingTable(name, cols, table_rows(cols, rows)))
@@ -584,6 +594,12 @@ def run_report(args: argparse.Namespace) -> int:
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
         return 2
+    from ..export import write_exports
+
+    try:  # the run's summaries beside its records, as a run writes them
+        write_exports(args.run_dir)
+    except OSError as exc:
+        print(f"ple_bench report: warning: summaries not written: {exc}", file=sys.stderr)
     print(path)
     return 0
 

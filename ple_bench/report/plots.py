@@ -489,9 +489,11 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     for tokens, rs in sorted(by_tokens.items()):
         panels = [(y, label) for y, label in (
             ("exposed_ms", "exposed lookup time (ms)"),
-            ("overlap_efficiency", "overlap efficiency (1 − exposed / exposed without prefetch, %)"),
-            ("compute_slowdown", "compute slowdown (% vs compute alone)"),
+            ("overlap_efficiency", "overlap efficiency (%)"),
+            ("compute_slowdown", "compute slowdown (%)"),
         ) if sum(1 for r in rs if num(r.get(y)) is not None) >= 2]
+        titles = {"exposed_ms": "lookup time not hidden", "overlap_efficiency": "1 − exposed / exposed without prefetch",
+                  "compute_slowdown": "in-step compute / compute alone − 1"}
         if not panels or len({num(r.get("compute_us")) for r in rs}) < 2:
             continue
         series: dict[str, list[dict[str, Any]]] = {}
@@ -504,7 +506,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
         scores = _step_scores(series, "exposed_ms" if exposed else "step_ms")
 
         def draw(only: set[str] | None, tokens=tokens, panels=panels, series=series, log_exposed=log_exposed,
-                 floor=floor) -> tuple[Figure, int]:
+                 floor=floor, titles=titles) -> tuple[Figure, int]:
             entries = len(series) if only is None else len(only)
             fig = Figure(figsize=(WIDTH_IN, _legend_height(entries, 4.4) if only is None else 4.4),
                          layout="constrained")
@@ -528,7 +530,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
                     if pts:
                         ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], label=label, **style)
             for ax, (y, label) in zip(axes, panels):
-                ax.set_title(label, fontsize=10)
+                ax.set_title(titles[y], fontsize=10)
                 _finish(ax, "main-stream compute per step (µs)", label)
                 _data_ticks(ax.xaxis, [float(x) for ln in ax.get_lines() for x in ln.get_xdata()],
                             _plain_formatter, log=False)
