@@ -118,7 +118,7 @@
     var box = document.getElementById("lightbox");
     if (!box) { return; }
     var big = document.getElementById("lightbox-img");
-    if (!big) {  // made on first use: an <img> without a source would count as an image that failed
+    if (!big) {  // made on first use: an image element without a source would count as one that failed
       big = document.createElement("img");
       big.id = "lightbox-img";
       box.appendChild(big);
