@@ -1,19 +1,28 @@
-"""Export of a stored run in pytest-benchmark's JSON format, so its tooling
-(``pytest-benchmark compare``, github-action-benchmark ``tool: pytest``,
-dashboards that read ``--benchmark-json`` files) can read ple_bench results.
+"""Machine-readable exports of a stored run, built from its records alone.
 
+* ``results/<run_id>/summary.md``: one markdown table row per case — the axes that vary in the
+  run as columns, then time ms, noise %, GB/s, % of ceiling, status — for a pull request or a
+  chat (as nvbench's and asv's markdown summaries);
+* ``results/<run_id>/summary.csv``: every record's main fields (:data:`SUMMARY_FIELDS`), one
+  row per record, written by pandas;
+* ``results/<run_id>/pytest-benchmark.json``, in pytest-benchmark's JSON format, so its tooling
+  (``pytest-benchmark compare``, github-action-benchmark ``tool: pytest``, dashboards that read
+  ``--benchmark-json`` files) can read ple_bench results.
+
+The pytest-benchmark document:
 ``results/<run_id>/pytest-benchmark.json``: ``machine_info``, ``commit_info``,
 ``benchmarks`` (one per *ok* record: ``group``, ``name``, ``fullname``,
 ``params``, ``param``, ``extra_info``, ``options``, ``stats``), ``datetime``,
 ``version``.  Times are in **seconds** as pytest-benchmark stores them; every
 sample is one round of one iteration.  Built from the stored records alone.
 
-CLI: ``python -m ple_bench.export RUN_DIR [--out PATH]``.
+CLI: ``python -m ple_bench.export RUN_DIR [--out PATH]`` (all three; ``--out``: the JSON's path).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -24,7 +33,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .record import keys_for
-from .report.data import ALL_AXES, BadRunError, Run, load_run, samples_of
+from .case import Case
+from .report.data import (
+    ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
+)
 
 # Scalar record fields carried along in each benchmark's extra_info: the schema's
 # (ple_bench/record.py) scalar measurement fields, lookups' and steps'.
@@ -150,14 +162,106 @@ def write_pytest_benchmark_json(run_dir: str | Path, out: str | Path | None = No
     return path
 
 
+# ------------------------------------------------------------------ summaries
+
+# A case's axes: the fields of :class:`ple_bench.case.Case` (their one definition).
+CASE_AXES = tuple(f.name for f in dataclasses.fields(Case))
+# The main fields of a record, as summary.csv has them (record fields, plus the report's ``path``
+# and ``topology`` labels); the axes come after case_id and status.
+SUMMARY_FIELDS = ("case_id", "status", "path", *CASE_AXES, "topology", "table_bytes",
+                  "row_bytes", "rows", "median_ms", "p10_ms", "p90_ms", "cv", "noise", "n_samples", "gbps",
+                  "rows_per_s", "pct_of_ceiling", "ceiling", "step_ms", "lookup_ms", "compute_ms", "exposed_ms",
+                  "overlap_efficiency", "offload_overhead", "mode", "timer", "reason")
+
+
+def summary_frame(run: Run):
+    """The run's records as a DataFrame of :data:`SUMMARY_FIELDS` (a field no record has is left out)."""
+    import pandas as pd
+
+    rows = [{**r, "topology": topology_label(r)} for r in run.records]
+    df = pd.DataFrame.from_records(rows)
+    return df[[f for f in SUMMARY_FIELDS if f in df.columns and df[f].notna().any()]]
+
+
+def summary_axes(run: Run) -> list[str]:
+    """The axes that vary in the run, as summary.md's first columns: ``path`` for impl and kernel,
+    the table's size (``table_bytes``) for vocab_size, ``topology`` for tp / etp / dp."""
+    out: list[str] = []
+    for axis in (a for a in CASE_AXES if len({repr(axis_value(r, a)) for r in run.records}) > 1):
+        name = {"impl": "path", "kernel": "path", "vocab_size": "table_bytes", "tp": "topology",
+                "etp": "topology", "dp": "topology"}.get(axis, axis)
+        if name not in out:
+            out.append(name)
+    return out
+
+
+_MD_HEADERS = {"path": "path (impl · kernel)", "table_bytes": "table", "num_tokens": "tokens", "num_heads": "heads",
+               "compute_us": "compute µs"}
+
+
+def _md_cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(run: Run) -> str:
+    """summary.md: a heading naming the run, then one row per record, in the order they were run."""
+    axes = summary_axes(run)
+    headers = [_MD_HEADERS.get(a, a) for a in axes] + ["time ms", "noise %", "GB/s", "% of ceiling", "status"]
+    lines = [f"# ple_bench run {run.run_id}", "",
+             f"suite `{run.suite}`, mode {run.mode}, {len(run.records)} records; time: the median "
+             "(a step's: the step); noise: the half-width of the median's 95 % confidence interval, % of it; "
+             "GB/s and % of ceiling: lookups only (`pct_of_ceiling`, against the record's `ceiling`).", "",
+             "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for r in run.records:
+        cells = []
+        for a in axes:
+            if a == "table_bytes":
+                cells.append(fmt_bytes(r.get("table_bytes")))
+            elif a == "topology":
+                cells.append(topology_label(r))
+            else:
+                v = r.get(a)
+                cells.append("" if v is None else str(v) if isinstance(v, str) else fmt(v, 3))
+        noise = num(r.get("noise"))
+        pct = num(r.get("pct_of_ceiling"))
+        status = str(r.get("status"))
+        if status != "ok" and r.get("reason"):
+            status += f": {r['reason']}"
+        cells += [fmt(num(r.get("median_ms")), 3), "" if noise is None else fmt(noise * 100, 2),
+                  fmt(num(r.get("gbps")), 3), "" if pct is None else f"{pct:.0f}", status]
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_summaries(run_dir: str | Path) -> list[Path]:
+    """Write ``<run_dir>/summary.md`` and ``<run_dir>/summary.csv``; returns their paths."""
+    run = load_run(run_dir)
+    md, csv = Path(run_dir) / "summary.md", Path(run_dir) / "summary.csv"
+    _write_text(md, summary_markdown(run))
+    _write_text(csv, summary_frame(run).to_csv(index=False))
+    return [md, csv]
+
+
+def write_exports(run_dir: str | Path) -> list[Path]:
+    """Every export of a run beside its records: summary.md, summary.csv, pytest-benchmark.json."""
+    return write_summaries(run_dir) + [write_pytest_benchmark_json(run_dir)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ple_bench.export",
-                                     description="write a run's records in pytest-benchmark JSON format")
+                                     description="write a run's summary.md, summary.csv and pytest-benchmark JSON")
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="default: RUN_DIR/pytest-benchmark.json")
     args = parser.parse_args(argv)
     try:
-        print(write_pytest_benchmark_json(args.run_dir, args.out))
+        for path in write_summaries(args.run_dir) + [write_pytest_benchmark_json(args.run_dir, args.out)]:
+            print(path)
     except BadRunError as exc:
         print(f"ple_bench export: {exc}", file=sys.stderr)
         return 2

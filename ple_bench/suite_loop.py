@@ -204,9 +204,9 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         except Exception as exc:  # noqa: BLE001 - a report failure must not lose the run
             print(f"warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
         try:
-            from .export import write_pytest_benchmark_json
+            from .export import write_exports
 
-            write_pytest_benchmark_json(run_dir)
+            write_exports(run_dir)  # summary.md, summary.csv, pytest-benchmark.json
         except Exception as exc:  # noqa: BLE001
-            print(f"warning: pytest-benchmark JSON not written: {exc}", file=sys.stderr)
+            print(f"warning: summaries / pytest-benchmark JSON not written: {exc}", file=sys.stderr)
     return summary

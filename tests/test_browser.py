@@ -132,3 +132,62 @@ def test_checks_catch_a_broken_page(tmp_path, gpu_page):
     assert "notDefinedAnywhere" in attrs["data-js-error-text"]
     assert any("notDefinedAnywhere" in line for line in console)
     assert int(attrs["data-images-loaded"]) == int(attrs["data-images-total"]) - 1
+
+
+# ------------------------------------------------ the first screen and the layout at 1280 x 800
+
+ARCHIVED = Path(__file__).resolve().parent.parent / "docs/runs"
+
+
+@pytest.fixture(scope="module")
+def pages_1280(tmp_path_factory, gpu_page):
+    """The fake GPU run's page and the two archived H200 runs' (default, paths), each opened at
+    1280 x 800 with the self-test (which opens every plot in the lightbox and closes it)."""
+    root = tmp_path_factory.mktemp("browser-1280")
+    pages = {"fake": gpu_page}
+    for name, run in (("default", "20261201-123806-default-fa39"), ("paths", "20261201-130202-paths-b4db")):
+        pages[name] = build_report(ARCHIVED / run, root / "reports")
+    out = {}
+    for name, page in pages.items():
+        proc = chromium(root, "--dump-dom", page.resolve().as_uri() + "#selftest", window="1280,800")
+        out[name] = (body_attributes(proc.stdout), proc.stdout)
+    return out
+
+
+@pytest.mark.parametrize("name", ["fake", "default", "paths"])
+def test_nothing_is_wider_than_the_window(pages_1280, name):
+    attrs, _ = pages_1280[name]
+    assert attrs["data-viewport-width"] == "1280"
+    assert int(attrs["data-scroll-width"]) <= 1280, attrs.get("data-wide")
+    assert attrs["data-wide"] == ""  # wide tables scroll inside their own box
+
+
+@pytest.mark.parametrize("name", ["fake", "default", "paths"])
+def test_the_first_screen_holds_the_verdict_and_one_readable_plot(pages_1280, name):
+    attrs, _ = pages_1280[name]
+    assert 0 < int(attrs["data-verdict-top"]) < int(attrs["data-verdict-bottom"]) <= 800
+    top, bottom = int(attrs["data-first-plot-top"]), int(attrs["data-first-plot-bottom"])
+    assert int(attrs["data-verdict-bottom"]) < top < bottom <= 800, (top, bottom)
+    assert int(attrs["data-first-plot-width"]) >= 1100  # the page's width, not a thumbnail
+
+
+@pytest.mark.parametrize("name", ["fake", "default", "paths"])
+def test_every_plot_enlarges_on_a_click_and_legends_stay_short(pages_1280, name):
+    attrs, dom = pages_1280[name]
+    figures = re.findall(r'<figure id="plot-[^"]*" class="plot[^"]*"([^>]*)>', dom)
+    assert figures and attrs["data-zoomtest"] == "pass", attrs.get("data-zoomtest")
+    assert attrs["data-plots-zoomable"] == attrs["data-plots-enlarged"] == str(len(figures))
+    legends = [int(m) for f in figures for m in re.findall(r'data-legend-entries="(\d+)"', f)]
+    assert len(legends) == len(figures) and max(legends) <= 8, legends
+
+
+def test_the_ceilings_show_no_long_float_reprs(pages_1280):
+    """In the browser's DOM of the archived default run: every number of the ceiling tables at
+    most 4 significant digits (meta.json stores them as 0.0486355, 1.5261366649999957)."""
+    _, dom = pages_1280["default"]
+    run = dom[dom.index('id="ceilings"'):dom.index("</section>", dom.index('id="ceilings"'))]
+    cells = re.findall(r'<td class="num"[^>]*>([^<]*)</td>', run)
+    fractions = [c for c in cells if "." in c]
+    assert len(cells) > 450 and fractions
+    long = [c for c in fractions if len(re.sub(r"\D", "", c.split("e")[0]).lstrip("0")) > 4]
+    assert not long, long[:5]

@@ -97,6 +97,12 @@ def test_run_smoke_end_to_end(tmp_path):
     from ple_bench.suite import load_suite
 
     assert {r["case_id"] for r in recs} == {c.case_id for c in load_suite("smoke").cases}
+    # the run's summaries beside its records (ple_bench.export), one row per record
+    import pandas as pd
+
+    assert list(pd.read_csv(run_dir / "summary.csv")["case_id"]) == [r["case_id"] for r in recs]
+    md_rows = [ln for ln in (run_dir / "summary.md").read_text().splitlines() if ln.startswith("| ")]
+    assert len(md_rows) == len(recs) + 1  # the header and a row per record
     statuses = {r["status"] for r in recs}
     assert statuses <= {"ok", "skipped"}
     for r in recs:

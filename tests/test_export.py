@@ -139,3 +139,71 @@ def test_cpu_run_and_cli(tmp_path, capsys):
     assert doc["commit_info"]["id"] == "unknown"
     assert len(doc["benchmarks"]) == sum(r["status"] == "ok" for r in load_records(run))
     assert export_main([str(tmp_path / "missing")]) == 2
+
+
+# ------------------------------------------------------------------ summaries
+
+def _markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    split = lambda ln: [c.strip() for c in re.split(r"(?<!\\)\|", ln.strip())[1:-1]]  # noqa: E731
+    assert set(lines[1].replace("|", "")) == {"-"}
+    return split(lines[0]), [split(ln) for ln in lines[2:]]
+
+
+def test_report_writes_summary_md_and_csv_that_read_back(tmp_path, capsys):
+    import pandas as pd
+
+    from ple_bench.report import report_main
+    from ple_bench.report.data import fmt, fmt_bytes
+
+    run = write_gpu_run(tmp_path / "results")
+    assert report_main([str(run), "--reports-dir", str(tmp_path / "reports")]) == 0
+    records = load_records(run)
+    # summary.csv: one row per record, the main fields as stored
+    df = pd.read_csv(run / "summary.csv")
+    assert list(df["case_id"]) == [r["case_id"] for r in records]
+    assert list(df["status"]) == [r["status"] for r in records]
+    by_id = {r["case_id"]: r for r in records}
+    ok = df[df["status"] == "ok"]
+    for cid, median, gbps in zip(ok["case_id"], ok["median_ms"], ok["gbps"]):
+        assert median == by_id[cid]["median_ms"]
+        assert (np.isnan(gbps) and by_id[cid]["gbps"] is None) or gbps == by_id[cid]["gbps"]
+    assert {"path", "topology", "table_bytes", "pct_of_ceiling", "reason"} <= set(df.columns)
+    # summary.md: the axes that vary in this run, then the five figures; one row per record
+    header, rows = _markdown_table((run / "summary.md").read_text())
+    assert header[-5:] == ["time ms", "noise %", "GB/s", "% of ceiling", "status"]
+    for varying in ("kind", "path (impl · kernel)", "table", "dtype", "tokens", "topology", "prefetch", "compute µs"):
+        assert varying in header, varying
+    for fixed in ("seed", "hidden", "host_alloc", "impl", "vocab_size", "tp"):  # the same in every case, or folded
+        assert fixed not in header, fixed
+    assert len(rows) == len(records) and all(len(r) == len(header) for r in rows)
+    col = {h: i for i, h in enumerate(header)}
+    target = next(r for r in records if r["status"] == "ok" and r["kind"] == "lookup" and r["impl"] == "pinned_uva"
+                  and (r["tp"], r["etp"], r["dp"]) == (1, 1, 1))
+    row = rows[[r["case_id"] for r in records].index(target["case_id"])]
+    assert row[col["time ms"]] == fmt(target["median_ms"], 3) and row[col["GB/s"]] == fmt(target["gbps"], 3)
+    assert row[col["% of ceiling"]] == f"{target['pct_of_ceiling']:.0f}"
+    assert row[col["status"]] == "ok"
+    assert row[col["table"]] == fmt_bytes(target["table_bytes"]) and row[col["topology"]] == "tp1 etp1 dp1"
+    failed = next(r for r in records if r["status"] == "failed")
+    frow = rows[[r["case_id"] for r in records].index(failed["case_id"])]
+    assert frow[col["status"]].startswith("failed: ") and frow[col["time ms"]] == ""
+    assert "\\|" in frow[col["status"]] or "|" not in failed["reason"]  # a | in a reason cannot split the row
+
+
+def test_summary_of_an_archived_gpu_run_names_the_axes_that_tell_cases_apart():
+    """The production-table paths run: steps only, differing in path, tokens, graph, ids and where
+    the ids are; every row of summary.md is a different case, its noise the record's, in %."""
+    from pathlib import Path
+
+    from ple_bench.export import summary_frame, summary_markdown
+    from ple_bench.report.data import fmt, load_run
+
+    run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-130202-paths-b4db")
+    header, rows = _markdown_table(summary_markdown(run))
+    assert header[:-5] == ["path (impl · kernel)", "tokens", "prefetch", "graph", "ids", "ids_on", "host_alloc"]
+    assert len({tuple(r[:-5]) for r in rows}) == len(rows) == 42
+    first = run.records[0]
+    assert rows[0][header.index("noise %")] == fmt(first["noise"] * 100, 2)
+    assert rows[0][header.index("GB/s")] == "" and rows[0][header.index("% of ceiling")] == ""  # steps carry none
+    assert list(summary_frame(run)["noise"]) == [r["noise"] for r in run.records]

@@ -84,11 +84,16 @@ def test_gpu_report_holds_every_record_and_the_metadata(gpu_report):
     assert sorted(statuses) == sorted(r["status"] for r in records)
     meta = section(html, "run")
     for text in ("NVIDIA H200", "580.95.05", "2.11.0+cu130", "0123456789abcdef", "h200-node-1",
-                 "d2d_gbps", "4186", "h2d_gbps", "55.2", "pinned_random_row_gbps"):
+                 "d2d_gbps", "4,186", "h2d_gbps", "55.2", "pinned_random_row_gbps"):
         assert text in meta, text
-    # Only GB/s figures are ceilings; the other facts stored beside them get no unit.
-    assert "<th>ceilings_seconds</th><td>3.1</td>" in meta
-    assert "<th>d2d_gbps</th><td>4186 GB/s</td>" in meta
+    # Only GB/s figures are ceilings (a table, GB/s in its header, rows/s beside where measured);
+    # the other facts stored beside them are a line of notes, without a unit.
+    ceilings = table_rows(html, "ceilings")
+    assert len(ceilings) == 9  # the fake run's nine *_gbps entries
+    assert re.search(r'<td class="">d2d_gbps</td><td class="num" data-v="4186.0">4,186</td>', "".join(ceilings))
+    row = next(r for r in ceilings if ">pinned_random_row_gbps<" in r)
+    assert re.findall(r'<td class="num"[^>]*>([^<]*)</td>', row) == ["50.5", "190"]  # 1.9e8 rows/s in M rows/s
+    assert "ceilings_seconds: 3.1" in meta and "ceilings_timer: cuda_event" in meta
     assert "3.1 GB/s" not in html and "cpu_count: 16" in meta
     # Numbers in the table carry their raw value for sorting.
     ok = next(r for r in records if r["status"] == "ok" and r["kind"] == "lookup")
@@ -374,9 +379,12 @@ def test_paths_and_overlap_sections_in_the_page(paths_report):
     assert 'id="plot-step_overlap_t64"' in overlap and 'id="plot-step_overlap_t512"' not in overlap
     assert 'id="plot-step_overlap_t512"' in section(html, "key-findings")
     assert 'id="steps-table"' in overlap and "+150%" in overlap
-    # findings are grouped under headings
+    # findings are grouped by topic, each group a collapsible block that says how many it holds
     found = section(html, "findings")
-    assert "<h3>Lookup paths side by side</h3>" in found and "<h3>Decode-step overlap</h3>" in found
+    groups = dict(re.findall(r'<details class="finding-group" open>\n<summary>([^<]*) \((\d+)\)</summary>', found))
+    assert set(groups) == {"Run and backends", "Lookup paths side by side", "Decode-step overlap"}
+    overlap_findings = [t for t in _texts(run_dir, "overlap")]
+    assert int(groups["Decode-step overlap"]) == len(overlap_findings)
 
 
 def test_the_page_opens_with_the_verdict_three_plots_and_ten_findings(paths_report):
@@ -387,7 +395,7 @@ def test_the_page_opens_with_the_verdict_three_plots_and_ten_findings(paths_repo
 
     run_dir, html = paths_report
     top = html[html.index('id="verdict"'):html.index('id="findings-details"')]
-    assert 1 <= top.count("<img") <= 3
+    assert 1 <= top.count('<img class="plot-img') <= 3  # (the all-series versions are closed details)
     listed = re.findall(r'<ol class="findings" id="key-findings-list">(.*?)</ol>', html, re.S)[0].count("<li")
     found = [f for f in findings(load_run(run_dir)) if f.topic != "answer"]
     assert listed == min(10, len(found)) and len(found) > 10  # condensed: some findings only in the full list
@@ -410,3 +418,103 @@ def test_the_verdict_plots_carry_step_time_vs_tokens_with_the_resident_baseline(
     assert plot is not None and plot.data_uri.startswith("data:image/png;base64,")
     top = [p.key for p in key_plots(make_plots(run))]
     assert "step_vs_tokens" in top and len(top) <= 3
+
+
+# ------------------------------------------------------------ the page as a person reads it
+
+ARCHIVED = Path(__file__).resolve().parent.parent / "docs/runs"
+
+
+@pytest.fixture(scope="module")
+def archived_runs():
+    from ple_bench.report.data import load_run
+
+    return {name: load_run(ARCHIVED / d) for name, d in (("default", "20261201-123806-default-fa39"),
+                                                          ("paths", "20261201-130202-paths-b4db"))}
+
+
+def test_plot_legends_hold_at_most_eight_entries_and_the_rest_is_one_click_away(archived_runs):
+    """The archived paths run has 14 step configurations (the legend had 14 entries): the page's plot
+    shows the best of each path and the resident baselines, the all-series plot every one."""
+    from ple_bench.report.plots import MAX_LEGEND, make_plots
+
+    for name, run in archived_runs.items():
+        plots = make_plots(run)
+        assert plots, name
+        for p in plots:
+            assert p.legend_entries <= MAX_LEGEND, (name, p.key, p.legend_entries)
+            if p.series_total > MAX_LEGEND:
+                assert p.full is not None and p.full.legend_entries == p.series_total, (name, p.key)
+            else:
+                assert p.full is None and p.legend_entries == p.series_total, (name, p.key)
+    step = next(p for p in make_plots(archived_runs["paths"]) if p.key == "step_vs_tokens")
+    assert step.series_total == 14 and step.full.legend_entries == 14 and step.legend_entries == 4
+
+
+def test_log_axes_are_ticked_at_the_measured_values():
+    from matplotlib.figure import Figure
+
+    from ple_bench.report.plots import _finish
+
+    ax = Figure().subplots()
+    ax.plot([64, 256, 512], [0.21, 0.26, 0.5])
+    _finish(ax, "tokens", "ms", logx=True, logy=True, xbase=2)
+    assert list(ax.get_xticks()) == [64, 256, 512]  # not 2^6, 2^7, 2^8, 2^9
+    labels = [ax.xaxis.get_major_formatter()(v, i) for i, v in enumerate(ax.get_xticks())]
+    assert labels == ["64", "256", "512"]
+    ylabels = [ax.yaxis.get_major_formatter()(v, i) for i, v in enumerate(ax.get_yticks())]
+    assert "0.2" in ylabels and "0.5" in ylabels and not any("10^" in t or "times" in t for t in ylabels)
+    # crowded sizes (32, 47.7, 100 GiB beside 64 MiB): the ends stay, close neighbours go
+    ax = Figure().subplots()
+    sizes = [64 << 20, 1 << 30, 8 << 30, 32 << 30, 51_200_245_760, 100 << 30]
+    ax.plot(sizes, [1, 2, 3, 4, 5, 6])
+    _finish(ax, "table", "GB/s", logx=True, xbase=2, bytes_x=True)
+    ticks = list(ax.get_xticks())
+    assert ticks[0] == sizes[0] and ticks[-1] == sizes[-1] and 51_200_245_760 not in ticks and len(ticks) >= 4
+
+
+def test_the_step_table_says_the_table_size_where_sizes_differ(archived_runs):
+    """The default run's steps ran on an 8 GiB and the 47.7 GiB table: the step table and the step
+    plots tell them apart."""
+    from ple_bench.report.html import step_table
+    from ple_bench.report.plots import plot_step_overlap
+
+    cols, rows, _shape = step_table(archived_runs["default"])
+    assert cols[0].key == "table_bytes"
+    sizes = {row["cells"][0]["text"] for row in rows}
+    assert sizes == {"8 GiB", "47.7 GiB"}
+    (overlap,) = plot_step_overlap(archived_runs["default"])
+    assert overlap.series_total == 7  # the 47.7 GiB prefetch step is its own line, not merged into the 8 GiB one
+    cols, rows, _ = step_table(archived_runs["paths"])  # one table size: no column
+    assert "table_bytes" not in [c.key for c in cols]
+
+
+SIG_DIGITS = re.compile(r"\d[\d,]*\.?\d*(?:e[-+]?\d+)?")
+
+
+def _significant(number: str) -> int:
+    mantissa = number.replace(",", "").split("e")[0].replace(".", "").lstrip("0")
+    return len(mantissa.rstrip("0")) if "." not in number.split("e")[0] else len(mantissa)
+
+
+def test_ceilings_are_tables_of_short_numbers(tmp_path, archived_runs):
+    """The default run's meta.json keeps 45 random-row and 6 host-gather ceilings as objects of
+    floats (1.5261366649999957): the page shows them as tables, no number longer than 4
+    significant digits, the long ones collapsed."""
+    from ple_bench.report.html import per_case_ceilings
+
+    tables = {t.name: t for t in per_case_ceilings(archived_runs["default"])}
+    assert {n: len(t.rows) for n, t in tables.items()} == {"host_gather": 6, "random_row": 45}
+    html = build_report(ARCHIVED / "20261201-123806-default-fa39", tmp_path / "reports").read_text()
+    run_section = section(html, "run")
+    assert '<details class="section case-ceilings" id="ceilings-random_row">' in run_section
+    ceilings = run_section[run_section.index('id="ceilings"'):]
+    texts = re.findall(r'<td class="num"[^>]*>([^<]*)</td>', ceilings)  # every number of the ceiling tables
+    assert len(texts) > 45 * 10
+    fractions = [n for t in texts for n in SIG_DIGITS.findall(t) if "." in n or "e" in n]  # (counts stay whole)
+    assert len(fractions) > 45 * 2
+    assert max(_significant(n) for n in fractions) <= 4, [n for n in fractions if _significant(n) > 4][:5]
+    stored = archived_runs["default"].meta["ceilings"]
+    assert stored["host_gather"]["1073745920:4096:160"]["warm_ms"] == 0.0486355 and ">0.0486<" in run_section
+    assert stored["ceilings_seconds"] == 1.5261366649999957 and "ceilings_seconds: 1.53" in run_section
+    assert "1.5261366649999957" not in html and "0.0486355" not in re.sub(r'data-v="[^"]*"', "", html)

@@ -7,7 +7,8 @@ were not measured with their reasons.  The page is self-contained (CSS, JS and
 images inline) and opens from disk with no network.
 
 CLI: ``python -m ple_bench report RUN_DIR [--reports-dir DIR] [--history RUN_DIR ...]
-[--history-last N]`` through :func:`add_report_args` / :func:`run_report`.
+[--history-last N]`` through :func:`add_report_args` / :func:`run_report`; it also rewrites the
+run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.export`).
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
         ref = g.reference
         for r in g.records:
             t = num(r.get("median_ms"))
-            row = {"workload": g.label, "path": path_of(r), "cache_rows": r.get("cache_rows") or None,
+            row = {"workload": g.label, "table_bytes": r.get("table_bytes"), "path": path_of(r),
+                   "cache_rows": r.get("cache_rows") or None,
                    "median_ms": t, "vs_fastest": t / t0, "status": "ok",
                    "vs_reference": t / num(ref.get("median_ms")) if ref is not None else None,
                    "gbps": r.get("gbps"), "rows_per_s": r.get("rows_per_s"), "hit_rate": hit_rate(r),
@@ -200,6 +202,7 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
             rows.append(row)
     cols = [
         Column("workload", "workload", "text"),
+        Column("table_bytes", "table", formatter=fmt_bytes, help="bytes of the whole table"),
         Column("path", "path (impl · kernel)", "text"),
         Column("cache_rows", "cache rows"),
         Column("median_ms", "median ms"),
@@ -216,18 +219,22 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
                help="CPU time of the path's own host threads per lookup (0: the path uses none)"),
         Column("case_id", "case", "text"),
     ]
-    cols = [c for c in cols if c.key in ("workload", "path") or any(c.raw(r) not in (None, "") for r in rows)]
+    sizes = {num(r["table_bytes"]) for r in rows}
+    cols = [c for c in cols if c.key in ("workload", "path") or (c.key == "table_bytes" and len(sizes) > 1)
+            or (c.key != "table_bytes" and any(c.raw(r) not in (None, "") for r in rows))]
     return cols, table_rows(cols, rows)
 
 
 def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
     recs, shape = decode_steps(run)
-    recs = sorted(recs, key=lambda r: (num(r.get("num_tokens")) or 0, path_of(r), not r.get("prefetch"),
+    recs = sorted(recs, key=lambda r: (num(r.get("table_bytes")) or 0, num(r.get("num_tokens")) or 0, path_of(r),
+                                       not r.get("prefetch"),
                                        str(r.get("graph")), num(r.get("stream_priority")) or 0,
                                        num(r.get("grid_frac")) or 1.0, num(r.get("sm_limit")) or 0,
                                        num(r.get("compute_us")) or 0))
-    axes = step_config_axes(recs)
+    axes = step_config_axes(recs, with_table=True)
     cols = [
+        Column("table_bytes", "table", formatter=fmt_bytes, help="bytes of the whole table"),
         Column("num_tokens", "tokens"),
         Column("path", "path (impl · kernel)", "text", getter=path_of),
         Column("prefetch", "prefetch", "text"),
@@ -260,9 +267,10 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
         Column("graph_break_cost_ms", "graph break cost ms"),
         Column("case_id", "case", "text"),
     ]
-    keep = {"num_tokens", "path", "prefetch", "compute_us"} | set(axes)
+    keep = {"num_tokens", "path", "prefetch", "compute_us"} | set(axes) | (
+        {"table_bytes"} if "vocab_size" in axes else set())
     cols = [c for c in cols if c.key in keep or (c.key not in ("graph", "stream_priority", "grid_frac",
-                                                                 "sm_limit", "ids")
+                                                                 "sm_limit", "ids", "table_bytes")
                                                    and any(c.raw(r) not in (None, "") for r in recs))]
     return cols, table_rows(cols, recs), shape
 
@@ -280,14 +288,12 @@ def meta_rows(run: Run) -> list[tuple[str, str]]:
         if value is None:
             continue
         label = "device" if key == "name" else f"device {key.replace('_', ' ')}"
-        rows.append((label, fmt_bytes(value) if key.endswith("bytes") else str(value)))
+        rows.append((label, _value_text(key, value)))
     for key in ("torch", "triton", "python", "git_commit", "host", "started_at", "ended_at"):
         value = m.get(key)
         if value in (None, "", {}):
             continue
-        if isinstance(value, dict):
-            value = ", ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, ""))
-        rows.append((key.replace("_", " "), str(value)))
+        rows.append((key.replace("_", " "), _value_text(key, value)))
     if m.get("argv"):
         argv = m["argv"]
         rows.append(("command", " ".join(map(str, argv)) if isinstance(argv, list) else str(argv)))
@@ -297,14 +303,105 @@ def meta_rows(run: Run) -> list[tuple[str, str]]:
         value = m[key]
         if value in (None, "", {}, []):
             continue
-        rows.append((key.replace("_", " "), value if isinstance(value, str) else _short_json(value)))
+        rows.append((key.replace("_", " "), _value_text(key, value)))
     return rows
 
 
-def _short_json(value: Any) -> str:
-    import json
-    text = json.dumps(value, sort_keys=True, default=str)
-    return text if len(text) <= 300 else text[:297] + "..."
+def _value_text(key: str, value: Any) -> str:
+    """A stored value as a person reads it: numbers to 3 significant figures (bytes in KiB/MiB/GiB),
+    an object as ``key: value`` pairs, a list joined by commas."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {_value_text(str(k), v)}" for k, v in value.items() if v not in (None, ""))
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value_text(key, v) for v in value)
+    if isinstance(value, bool) or num(value) is None or isinstance(value, str):
+        return fmt(value) if isinstance(value, bool) else str(value)
+    return fmt_bytes(value) if str(key).endswith("bytes") else fmt(value, 3)
+
+
+# ----------------------------------------------------------------- ceilings
+
+# How a ceiling's field is headed in the report's tables (unit once, in the header).
+_CEILING_HEADERS = {"gbps": "GB/s", "ms": "ms", "warm_ms": "warm ms", "torch_ms": "index_select ms",
+                    "row_loop_ms": "row loop ms", "rows_per_s": "M rows/s", "table_bytes": "table",
+                    "row_bytes": "row B", "num_heads": "heads", "id_sets": "id sets", "cold_l2": "cold L2",
+                    "host_alloc": "host alloc", "warm_repeats": "warm repeats"}
+
+
+def _sig3(v: Any) -> str:
+    return fmt(v, 3)
+
+
+def _millions(v: Any) -> str:
+    return "" if num(v) is None else fmt(num(v) / 1e6, 3)
+
+
+def machine_ceilings(run: Run) -> tuple[list[Column], list[dict[str, Any]], list[str]]:
+    """The run's machine-wide ceilings as one table (GB/s, and rows/s where measured: the entry of
+    the same name with ``rows_per_s`` for ``gbps``), and the other scalar facts stored beside them
+    as short texts (how long the ceilings took, their timer)."""
+    rows = []
+    for name, gbps in sorted(run.ceilings.items()):
+        rate = run.ceiling_value(name.replace("gbps", "rows_per_s"))
+        rows.append({"status": "", "name": name, "gbps": gbps, "rows_per_s": rate})
+    cols = [Column("name", "ceiling", "text"), Column("gbps", "GB/s", formatter=_sig3),
+            Column("rows_per_s", "M rows/s", formatter=_millions)]
+    if not any(r["rows_per_s"] is not None for r in rows):
+        cols = cols[:2]
+    shown = {r["name"] for r in rows} | {r["name"].replace("gbps", "rows_per_s") for r in rows if r["rows_per_s"]}
+    notes = [f"{k}: {_value_text(k, v)}" for k, v in sorted(run.ceiling_notes.items())
+             if k not in shown and not isinstance(v, dict)]
+    return cols, table_rows(cols, rows), notes
+
+
+@dataclass
+class CeilingTable:
+    name: str  # the meta.json ceilings entry (random_row, host_gather)
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+
+
+def per_case_ceilings(run: Run) -> list[CeilingTable]:
+    """Each per-case ceiling family of meta.json (an object of objects: ``random_row``,
+    ``host_gather``) as a table: one row per entry, its key first, the entry's fields as columns
+    (3 significant figures, bytes as KiB/MiB/GiB)."""
+    raw = run.meta.get("ceilings") if isinstance(run.meta.get("ceilings"), dict) else {}
+    out = []
+    for name, entries in sorted(raw.items()):
+        if not isinstance(entries, dict) or not entries or not all(isinstance(e, dict) for e in entries.values()):
+            continue
+        fields: dict[str, None] = {}
+        for key, entry in entries.items():
+            for f, v in entry.items():
+                if not (f == "key" and v == key):
+                    fields.setdefault(f, None)
+        cols = [Column("key", "key", "text")]
+        for f in fields:
+            values = [e.get(f) for e in entries.values() if e.get(f) is not None]
+            numeric = bool(values) and all(num(v) is not None and not isinstance(v, bool) for v in values)
+            header = _CEILING_HEADERS.get(f, f.replace("_", " "))
+            formatter = (fmt_bytes if f.endswith("bytes") else _millions if f.endswith("rows_per_s")
+                         else _sig3 if numeric else None)
+            cols.append(Column(f, header, "num" if numeric else "text", formatter=formatter))
+        rows = [dict(entry, key=key, status="") for key, entry in entries.items()]
+        out.append(CeilingTable(name, cols, table_rows(cols, rows)))
+    return out
+
+
+def run_line(run: Run) -> str:
+    """One line on the run for the top of its Run section: device, software, commit, when, how."""
+    m = run.meta
+    parts = [_device_name(run)]
+    for label, key in (("torch", "torch"), ("triton", "triton"), ("commit", "git_commit")):
+        if m.get(key):
+            value = str(m[key])
+            parts.append(f"{label} {value[:12] + value[40:] if key == 'git_commit' else value}")
+    when = " → ".join(str(m[k]) for k in ("started_at", "ended_at") if m.get(k))
+    if when:
+        parts.append(when)
+    if isinstance(m.get("argv"), list):
+        parts.append(" ".join(map(str, m["argv"][1:])))
+    return " · ".join(parts)
 
 
 def _record_value(run: Run, key: str) -> Any:
@@ -392,17 +489,19 @@ MAX_KEY_PLOTS = 3
 
 
 def key_plots(plots: Sequence[Any]) -> list[Any]:
-    """The plots that carry the verdict, shown right under it (at most three): the row rate vs
-    table size with its ceilings; step time per path vs tokens with the resident baseline (lookup
-    time vs tokens where the run has no steps); exposed time vs compute per path at the largest
-    token count measured."""
+    """The plots that carry the verdict, shown right under it (at most three), the first one in the
+    first screen: step time per path vs tokens with the resident baseline (the verdict's own
+    comparison), else the row rate vs table size with its ceilings; then lookup time vs tokens
+    where the run has no steps; exposed time vs compute per path at the largest token count
+    measured."""
     by_key = {p.key: p for p in plots}
     steps = sorted((p for p in plots if p.key.startswith("step_overlap_t")),
                    key=lambda p: int(p.key.rsplit("_t", 1)[1]))
-    chosen = [by_key.get("bandwidth_vs_table_bytes"),
-              by_key.get("step_vs_tokens") or by_key.get("latency_vs_tokens"),
+    chosen = [by_key.get("step_vs_tokens"), by_key.get("bandwidth_vs_table_bytes"),
+              None if by_key.get("step_vs_tokens") else by_key.get("latency_vs_tokens"),
               steps[-1] if steps else None]
     return [p for p in chosen if p is not None][:MAX_KEY_PLOTS]
+
 
 def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
                  history_dirs: Sequence[str | Path] | None = None) -> Path:
@@ -414,11 +513,10 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     columns = record_columns(records)
     not_measured = [r for r in records if r.get("status") != "ok"]
     nm_columns = [c for c in record_columns(not_measured)
-                  if c.key in ("status", "case_id", "kind", "impl", "kernel", "dtype", "vocab_size", "dim",
+                  if c.key in ("status", "case_id", "kind", "impl", "kernel", "dtype", "table_bytes", "dim",
                                "num_tokens", "topology", "prefetch", "graph", "ids", "reason")]
     counts = status_counts(run.records)
-    ceilings = [(name, fmt(value) + " GB/s") for name, value in sorted(run.ceilings.items())]
-    ceilings += [(name, fmt(value)) for name, value in sorted(run.ceiling_notes.items())]
+    ceiling_cols, ceiling_rows, ceiling_notes = machine_ceilings(run)
     trend = build_trend(run, history_dirs) if history_dirs else None
     all_findings = findings(run)
     verdict = next((f.text for f in all_findings if f.topic == "answer"), None)
@@ -433,7 +531,9 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
         "report.html",
         run=run, device_name=_device_name(run), timer=_record_value(run, "timer") or run.meta.get("timer") or "?",
         counts=counts, n_records=len(records), run_status=str(run.meta.get("status") or "unknown"),
-        findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), ceilings=ceilings,
+        findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), run_line=run_line(run),
+        ceiling_columns=ceiling_cols, ceiling_rows=ceiling_rows, ceiling_notes=ceiling_notes,
+        case_ceilings=per_case_ceilings(run),
         verdict=verdict, key_plots=top, key_findings=key_findings(all_findings), n_findings=len(all_findings),
         plots=[p for p in plots if p.section == "general"],
         path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
@@ -501,6 +601,12 @@ def run_report(args: argparse.Namespace) -> int:
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
         return 2
+    from ..export import write_exports
+
+    try:  # the run's summaries beside its records, as a run writes them
+        write_exports(args.run_dir)
+    except OSError as exc:
+        print(f"ple_bench report: warning: summaries not written: {exc}", file=sys.stderr)
     print(path)
     return 0
 

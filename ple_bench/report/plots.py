@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import base64
 import io
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology,
@@ -24,7 +26,13 @@ from .data import (
 )
 from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
 
-DPI = 96
+DPI = 96  # the advise page's inline plots
+# The report's plots: drawn for the page's full width (WIDTH_IN inches at 96 px/inch, about 1230 px)
+# and stored at PLOT_DPI, so the enlarged view (click on a plot) shows them half as large again.
+PLOT_DPI = 144
+WIDTH_IN = 12.8
+KEY_HEIGHT_IN = 5.2  # the plot in the first screen: about 500 px high at the page's width
+MAX_LEGEND = 8  # legend entries of a plot as the page shows it; the rest in its "all series" version
 LINESTYLES = {"bf16": "-", "fp8": "--", "fp16": ":", "fp32": "-."}
 MARKERS = "os^Dv<>pPX"
 FUNCTIONAL_NOTE = "CPU functional run, host timer: not GPU performance"
@@ -37,25 +45,113 @@ class Plot:
     caption: str
     data_uri: str
     section: str = "general"  # general | paths | overlap: where the page shows it
+    legend_entries: int = 0  # entries in the image's legend (the page emits it as data-legend-entries)
+    series_total: int = 0  # series the data has; more than legend_entries: ``full`` draws them all
+    full: "Plot | None" = None  # the same plot with every series, when the page's version leaves some out
 
 
-def _to_uri(fig: Figure) -> str:
+def _to_uri(fig: Figure, dpi: int = DPI) -> str:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def _figure(ncols: int, title: str, run: Run, height: float = 4.3) -> tuple[Figure, list[Any]]:
-    fig = Figure(figsize=(6.2 * ncols, height), layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
-    suptitle = title + (f"\n({FUNCTIONAL_NOTE})" if run.functional else "")
-    fig.suptitle(suptitle, fontsize=12, color="#a00" if run.functional else "black")
+    _suptitle(fig, title, run)
     return fig, list(axes)
+
+
+def _suptitle(fig: Figure, title: str, run: Run, **kw: Any) -> None:
+    fig.suptitle(title + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
+                 color="#a00" if run.functional else "black", **kw)
 
 
 _bytes_formatter = FuncFormatter(lambda v, _pos: fmt_bytes(v))
 _plain_formatter = FuncFormatter(lambda v, _pos: fmt(v, 3))
+
+
+def _pick(scores: dict[str, tuple[str, float]], limit: int = MAX_LEGEND,
+          keep: Sequence[str] = ()) -> list[str]:
+    """The series a plot shows when it has more than ``limit``: the best one per path (lowest
+    score; ``scores``: label -> (path, score)), best paths first, after the labels in ``keep``
+    (the reference lines), at most ``limit`` in all."""
+    chosen = [k for k in keep if k in scores][:limit]
+    best: dict[str, tuple[float, str]] = {}
+    for label, (path, score) in scores.items():
+        if path not in best or (score, label) < best[path]:
+            best[path] = (score, label)
+    kept_paths = {scores[k][0] for k in chosen}
+    for _score, label in sorted(v for p, v in best.items() if p not in kept_paths):
+        if len(chosen) >= limit:
+            break
+        chosen.append(label)
+    return chosen
+
+
+def _with_full(draw: Callable[[set[str] | None], tuple[Figure, int]], scores: dict[str, tuple[str, float]],
+               make: Callable[[str, int, int], Plot], keep: Sequence[str] = (),
+               full_note: str = "") -> Plot:
+    """A plot with at most MAX_LEGEND series and, when the data has more, the same plot with all
+    of them as its ``full`` version.  ``draw(labels)`` draws the series named (None: all) and
+    returns the figure and its legend entries; ``make(uri, entries, total)`` wraps a drawn figure."""
+    total = len(scores)
+    if total <= MAX_LEGEND:
+        fig, entries = draw(None)
+        return make(_to_uri(fig, PLOT_DPI), entries, total)
+    shown = _pick(scores, keep=keep)
+    fig, entries = draw(set(shown))
+    plot = make(_to_uri(fig, PLOT_DPI), entries, total)
+    fig_full, entries_full = draw(None)
+    plot.full = make(_to_uri(fig_full, PLOT_DPI), entries_full, total)
+    plot.full.caption = full_note or f"All {total} series of the plot above."
+    plot.caption += (f" Shown: the best configuration of each path ({entries} of {total} series; all of "
+                     "them under “all series” below).")
+    return plot
+
+
+def _legend_height(entries: int, base: float) -> float:
+    """A figure tall enough for a right-hand legend of ``entries`` lines."""
+    return max(base, 0.9 + 0.2 * entries)
+
+
+MAX_TICKS = 7
+
+
+def _data_ticks(axis: Any, values: Sequence[float], formatter: Any, log: bool = True) -> None:
+    """Ticks at the values measured (64, 256, 512 tokens; the table sizes run), not at powers of
+    two; where they crowd (closer than a sixth of the axis' span), the first, the last and those
+    far enough apart."""
+    vals = sorted({float(v) for v in values if v is not None and (v > 0 or not log)})
+    if len(vals) > 1:
+        where = [math.log(v) if log else v for v in vals]
+        gap = (where[-1] - where[0]) / (MAX_TICKS - 1)
+        kept = [0]
+        for i in range(1, len(vals)):
+            if where[i] - where[kept[-1]] >= gap * 0.999:
+                kept.append(i)
+        if kept[-1] != len(vals) - 1:  # the last value always: in place of a neighbour too close to it
+            kept[-1 if len(kept) > 1 else len(kept):] = [len(vals) - 1]
+        axis.set_major_locator(FixedLocator([vals[i] for i in kept]))
+        axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(formatter)
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _log_value_ticks(axis: Any, values: Sequence[float]) -> None:
+    """A log value axis labelled with plain numbers (0.2, 0.5, 1, 2) instead of 2×10⁻¹: more
+    ticks per decade the narrower the range."""
+    pos = [v for v in values if v is not None and v > 0]
+    if not pos:
+        return
+    decades = math.log10(max(pos) / min(pos)) if min(pos) > 0 else 0.0
+    subs = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0) if decades < 1 else (1.0, 2.0, 5.0) if decades < 3 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(_plain_formatter)
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _style(key_values: dict[str, Any], index: int) -> dict[str, Any]:
@@ -65,48 +161,6 @@ def _style(key_values: dict[str, Any], index: int) -> dict[str, Any]:
         "color": f"C{index % 10}",
         "markersize": 5,
     }
-
-
-def _draw_ceilings(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> None:
-    """Horizontal lines for the ceilings the records are measured against
-    (all measured ceilings when the records name none)."""
-    ceilings = run.ceilings
-    if not ceilings:
-        return
-    named = {str(r.get("ceiling")) for r in records if r.get("ceiling")}
-    names = [n for n in ceilings if n in named] or list(ceilings)
-    for i, name in enumerate(sorted(names)):
-        value = ceilings[name]
-        ax.axhline(value, color="0.35", linestyle=(0, (4, 2 + i)), linewidth=1)
-        ax.annotate(f"{name} {fmt(value)} GB/s", xy=(0.995, value), xycoords=("axes fraction", "data"),
-                    ha="right", va="bottom", fontsize=8, color="0.25")
-
-
-def _series_plot(ax: Any, records: Sequence[dict[str, Any]], x: str, y: str, series_axes: Sequence[str],
-                 band: tuple[str, str] | None = None, colors: dict[str, str] | None = None) -> tuple[int, str]:
-    """Draw one line per series; returns (lines drawn, text of pinned axes)."""
-    sl = slice_series(records, x, series_axes)
-    drawn = 0
-    for i, (key, rs) in enumerate(sorted(sl.series.items(), key=lambda kv: str(kv[0]))):
-        pts = points(rs, x, y)
-        if not pts:
-            continue
-        style = _style(dict(zip(sl.label_axes, key)), i)
-        path = dict(zip(sl.label_axes, key)).get("path")
-        if colors and path in colors:
-            style["color"] = colors[path]
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        if band:
-            lo = dict(points(rs, x, band[0]))
-            hi = dict(points(rs, x, band[1]))
-            if all(v in lo and v in hi for v in xs):
-                yerr = [[max(0.0, yv - lo[xv]) for xv, yv in pts], [max(0.0, hi[xv] - yv) for xv, yv in pts]]
-                ax.errorbar(xs, ys, yerr=yerr, capsize=2, label=sl.label(key), **style)
-                drawn += 1
-                continue
-        ax.plot(xs, ys, label=sl.label(key), **style)
-        drawn += 1
-    return drawn, sl.fixed_text()
 
 
 def _has_sweep(records: Sequence[dict[str, Any]], x: str, y: str, series_axes: Sequence[str]) -> bool:
@@ -120,19 +174,23 @@ def _has_sweep(records: Sequence[dict[str, Any]], x: str, y: str, series_axes: S
 
 def _finish(ax: Any, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,
             xbase: int = 10, bytes_x: bool = False) -> None:
+    """Scales, labels and ticks: a log x axis is ticked at the x values drawn (the token counts or
+    table sizes measured), a log y axis with plain numbers."""
     if logx:
         ax.set_xscale("log", base=xbase)
     if logy:
         ax.set_yscale("log")
-    if bytes_x:
+    xs = [float(x) for line in ax.get_lines() for x in line.get_xdata()]
+    ys = [float(y) for line in ax.get_lines() for y in line.get_ydata()]
+    if logx:
+        _data_ticks(ax.xaxis, xs, _bytes_formatter if bytes_x else _plain_formatter)
+    elif bytes_x:
         ax.xaxis.set_major_formatter(_bytes_formatter)
-    elif logx:
-        ax.xaxis.set_major_formatter(_plain_formatter)
+    if logy:
+        _log_value_ticks(ax.yaxis, ys)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best")
 
 
 def _caption(base: str, fixed: str) -> str:
@@ -151,8 +209,8 @@ def _path_colors(run: Run) -> dict[str, str]:
     return {p: f"C{i % 10}" for i, p in enumerate(paths)}
 
 
-def _figure_legend(fig: Figure, axes: Sequence[Any], title: str | None = None) -> None:
-    """One legend for all panels, outside on the right (labels deduplicated)."""
+def _figure_legend(fig: Figure, axes: Sequence[Any], title: str | None = None) -> int:
+    """One legend for all panels, outside on the right (labels deduplicated); returns its entries."""
     handles: dict[str, Any] = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
@@ -160,6 +218,7 @@ def _figure_legend(fig: Figure, axes: Sequence[Any], title: str | None = None) -
     if handles:
         fig.legend(list(handles.values()), list(handles.keys()), loc="outside right upper", fontsize=8,
                    title=title, title_fontsize=8)
+    return len(handles)
 
 
 def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> None:
@@ -179,11 +238,11 @@ def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> 
             names[hit[0]] = hit[1]
     for i, (name, value) in enumerate(sorted(names.items(), key=lambda kv: kv[1])):
         ax.axhline(value, color="0.35", linestyle=(0, (4, 2 + i)), linewidth=1)
-        ax.annotate(f"{name} {fmt(value)} GB/s", xy=(0.995, value), xycoords=("axes fraction", "data"),
+        ax.annotate(f"{name} {fmt(value, 3)} GB/s", xy=(0.995, value), xycoords=("axes fraction", "data"),
                     ha="right", va="bottom", fontsize=7, color="0.25")
 
 
-def plot_bandwidth(run: Run, x: str) -> Plot | None:
+def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | None:
     """GB/s along table size (or row size), one panel per token count, one line per path and dtype."""
     recs = [r for r in _lookups(run) if num(r.get("gbps")) is not None]
     dropped = []
@@ -216,40 +275,50 @@ def plot_bandwidth(run: Run, x: str) -> Plot | None:
     what = "table size" if x == "table_bytes" else "row size"
     ncols = min(2, len(panels))
     nrows = (len(panels) + ncols - 1) // ncols
-    fig = Figure(figsize=(5.0 * ncols + 3.2, 3.5 * nrows + 0.6), layout="constrained")
-    grid = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
-    axes = [ax for row in grid for ax in row]
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    axes = axes[:len(panels)]
-    fig.suptitle(f"Lookup GB/s vs {what}" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
-                 color="#a00" if run.functional else "black")
     colors = _path_colors(run)
-    fixed_texts = []
-    for ax, (tokens, rs) in zip(axes, panels):
-        sl = slice_series(rs, x, ["path", "dtype"], max_series=10)
-        for i, (key, srs) in enumerate(sorted(sl.series.items(), key=lambda kv: str(kv[0]))):
+    slices = [(tokens, slice_series(rs, x, ["path", "dtype"], max_series=10), rs) for tokens, rs in panels]
+    scores: dict[str, tuple[str, float]] = {}
+    for _tokens, sl, _rs in slices:
+        for key, srs in sl.series.items():
             pts = points(srs, x, "gbps")
-            if not pts:
-                continue
-            kv = dict(zip(sl.label_axes, key))
-            path = str(kv.get("path"))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors.get(path, "C0"),
-                    linestyle=LINESTYLES.get(str(kv.get("dtype")), "-"),
-                    marker=MARKERS[sorted(colors).index(path) % len(MARKERS)] if path in colors else "o",
-                    markersize=5, label=sl.label(key))
-        _row_ceiling_lines(ax, run, rs)
-        heads = {num(r.get("num_heads")) for r in rs}
-        h = heads.pop() if len(heads) == 1 else None
-        ax.set_title(f"{int(tokens)} tokens" + (f" × {int(h)} heads" if h and h > 1 else ""), fontsize=10)
-        xlabel = "table size (log scale)" if x == "table_bytes" else "row size (log scale)"
-        _finish(ax, xlabel, "GB/s (log scale)" if axes.index(ax) % ncols == 0 else "", logx=True, logy=True,
-                xbase=2, bytes_x=True)
-        if ax.get_legend():
-            ax.get_legend().remove()
-        if sl.fixed:
-            fixed_texts.append(f"{int(tokens)} tokens: {sl.fixed_text()}")
-    _figure_legend(fig, axes)
+            if pts:
+                label = sl.label(key)
+                path = str(dict(zip(sl.label_axes, key)).get("path"))
+                best = -max(p[1] for p in pts)
+                scores[label] = (path, min(best, scores.get(label, (path, best))[1]))
+
+    def draw(only: set[str] | None) -> tuple[Figure, int]:
+        entries = len(scores) if only is None else len(only)
+        fig = Figure(figsize=(WIDTH_IN, _legend_height(entries, height) if only is None else height),
+                     layout="constrained")
+        grid = fig.subplots(nrows, ncols, squeeze=False, sharey=True)
+        axes = [ax for row in grid for ax in row]
+        for ax in axes[len(panels):]:
+            ax.set_visible(False)
+        axes = axes[:len(panels)]
+        _suptitle(fig, f"Lookup GB/s vs {what}", run)
+        for ax, (tokens, sl, rs) in zip(axes, slices):
+            for key, srs in sorted(sl.series.items(), key=lambda kv: str(kv[0])):
+                pts = points(srs, x, "gbps")
+                label = sl.label(key)
+                if not pts or (only is not None and label not in only):
+                    continue
+                kv = dict(zip(sl.label_axes, key))
+                path = str(kv.get("path"))
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colors.get(path, "C0"),
+                        linestyle=LINESTYLES.get(str(kv.get("dtype")), "-"),
+                        marker=MARKERS[sorted(colors).index(path) % len(MARKERS)] if path in colors else "o",
+                        markersize=5, label=label)
+            heads = {num(r.get("num_heads")) for r in rs}
+            h = heads.pop() if len(heads) == 1 else None
+            ax.set_title(f"{int(tokens)} tokens" + (f" × {int(h)} heads" if h and h > 1 else ""), fontsize=10)
+            xlabel = "table size (log scale)" if x == "table_bytes" else "row size (log scale)"
+            _finish(ax, xlabel, "GB/s (log scale)" if axes.index(ax) % ncols == 0 else "", logx=True, logy=True,
+                    xbase=2, bytes_x=True)
+            _row_ceiling_lines(ax, run, rs)
+        return fig, _figure_legend(fig, axes)
+
+    fixed_texts = [f"{int(tokens)} tokens: {sl.fixed_text()}" for tokens, sl, _rs in slices if sl.fixed]
     caption = ("Single-GPU lookups; one panel per token count, one colour per lookup path "
                "(impl · kernel), line style per dtype. Dashed horizontal lines: the H2D copy and random-row "
                "ceilings measured on this run at these rows' size.")
@@ -257,28 +326,51 @@ def plot_bandwidth(run: Run, x: str) -> Plot | None:
         caption += " Left out here (see the tables): " + ", ".join(dropped) + "."
     if fixed_texts:
         caption += " Pinned to keep lines comparable — " + "; ".join(fixed_texts) + "."
-    return Plot(f"bandwidth_vs_{x}", f"GB/s vs {what}", caption, _to_uri(fig))
+    return _with_full(draw, scores, lambda uri, n, total: Plot(
+        f"bandwidth_vs_{x}", f"GB/s vs {what}", caption, uri, legend_entries=n, series_total=total))
 
 
-def plot_latency_vs_tokens(run: Run) -> Plot | None:
+def plot_latency_vs_tokens(run: Run, height: float = 4.6) -> Plot | None:
     recs = [r for r in _lookups(run) if num(r.get("median_ms")) is not None]
     plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
     recs = plain if _has_sweep(plain, "num_tokens", "median_ms", ["path", "dtype"]) else recs
     if not _has_sweep(recs, "num_tokens", "median_ms", ["path", "dtype"]):
         return None
-    fig = Figure(figsize=(10.5, 4.8), layout="constrained")
-    ax = fig.subplots()
-    fig.suptitle("Lookup latency vs tokens" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
-                 color="#a00" if run.functional else "black")
-    _, fixed = _series_plot(ax, recs, "num_tokens", "median_ms", ["path", "dtype"], band=("p10_ms", "p90_ms"),
-                            colors=_path_colors(run))
-    _finish(ax, "tokens per step (per DP rank, log scale)", "median latency (ms, log scale)",
-            logx=True, logy=True, xbase=2)
-    if ax.get_legend():
-        ax.get_legend().remove()
-    _figure_legend(fig, [ax])
-    caption = "Median lookup time; bars span the 10th to 90th percentile of the samples."
-    return Plot("latency_vs_tokens", "Latency vs tokens", _caption(caption, fixed), _to_uri(fig))
+    colors = _path_colors(run)
+    sl = slice_series(recs, "num_tokens", ["path", "dtype"])
+    series = {sl.label(key): (key, rs) for key, rs in sl.series.items() if points(rs, "num_tokens", "median_ms")}
+    # best: the lowest median time, relative to the others at the same token counts
+    scores = {label: (str(dict(zip(sl.label_axes, key)).get("path")),
+                      statistics.median(p[1] for p in points(rs, "num_tokens", "median_ms")))
+              for label, (key, rs) in series.items()}
+
+    def draw(only: set[str] | None) -> tuple[Figure, int]:
+        entries = len(series) if only is None else len(only)
+        fig = Figure(figsize=(WIDTH_IN, _legend_height(entries, height) if only is None else height),
+                     layout="constrained")
+        ax = fig.subplots()
+        _suptitle(fig, "Lookup latency vs tokens", run)
+        for i, (label, (key, rs)) in enumerate(sorted(series.items(), key=lambda kv: str(kv[1][0]))):
+            if only is not None and label not in only:
+                continue
+            kv = dict(zip(sl.label_axes, key))
+            style = _style(kv, i)
+            style["color"] = colors.get(str(kv.get("path")), style["color"])
+            pts = points(rs, "num_tokens", "median_ms")
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            lo, hi = dict(points(rs, "num_tokens", "p10_ms")), dict(points(rs, "num_tokens", "p90_ms"))
+            if all(v in lo and v in hi for v in xs):
+                yerr = [[max(0.0, yv - lo[xv]) for xv, yv in pts], [max(0.0, hi[xv] - yv) for xv, yv in pts]]
+                ax.errorbar(xs, ys, yerr=yerr, capsize=2, label=label, **style)
+            else:
+                ax.plot(xs, ys, label=label, **style)
+        _finish(ax, "tokens per step (per DP rank, log scale)", "median latency (ms, log scale)",
+                logx=True, logy=True, xbase=2)
+        return fig, _figure_legend(fig, [ax])
+
+    caption = _caption("Median lookup time; bars span the 10th to 90th percentile of the samples.", sl.fixed_text())
+    return _with_full(draw, scores, lambda uri, n, total: Plot(
+        "latency_vs_tokens", "Latency vs tokens", caption, uri, legend_entries=n, series_total=total))
 
 
 def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
@@ -290,61 +382,94 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
     order = {g.key: i for i, g in enumerate(groups)}
     groups = sorted(groups, key=lambda g: -len(g.records))[:max_groups]
     groups.sort(key=lambda g: order[g.key])
-    paths = sorted({p for g in groups for p in g.paths})
     colors = _path_colors(run)
     has_ref = any(g.reference is not None for g in groups)
-    fig = Figure(figsize=(min(11.0, max(6.0, 1.3 * len(groups))) + 3.0, 7.6 if has_ref else 4.4),
-                 layout="constrained")
-    axes = list(fig.subplots(2 if has_ref else 1, 1, squeeze=False, sharex=True)[:, 0])
-    fig.suptitle("Lookup paths side by side" + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
-                 color="#a00" if run.functional else "black")
-    width = 0.8 / len(paths)
-    for gi, g in enumerate(groups):
-        ref = g.reference
+    # a path's score: its median time relative to the fastest path's, over the workloads it ran
+    rel: dict[str, list[float]] = {}
+    for g in groups:
+        t0 = num(g.fastest.get("median_ms"))
         for r in g.records:
-            pi = paths.index(path_of(r))
-            xpos = gi + (pi - (len(paths) - 1) / 2) * width
-            axes[0].bar(xpos, num(r.get("gbps")) or 0.0, width=width, color=colors[path_of(r)], label=path_of(r))
-            if has_ref and ref is not None:
-                speed = num(ref.get("median_ms")) / num(r.get("median_ms"))
-                axes[1].bar(xpos, speed, width=width, color=colors[path_of(r)], label=path_of(r))
-    rbs = {num(g.fastest.get("row_bytes")) for g in groups}
-    rb = rbs.pop() if len(rbs) == 1 else None
-    for i, base in enumerate(("h2d_gbps", "pinned_random_row_gbps")):
-        hit = run.row_ceiling(base, rb)
-        if hit:
-            axes[0].axhline(hit[1], color="0.3", linestyle=(0, (4, 2 + 2 * i)), linewidth=1)
-            axes[0].annotate(f"{hit[0]} {fmt(hit[1])} GB/s", xy=(0.995, hit[1]),
-                             xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=7, color="0.2")
-    axes[0].set_yscale("log")
-    axes[0].set_ylabel("GB/s (log scale)")
-    axes[0].set_title("GB/s (rows moved × row bytes / median time)", fontsize=10)
-    axes[0].grid(True, axis="y", which="major", alpha=0.3)
-    if has_ref:
-        axes[1].axhline(1.0, color="0.3", linewidth=1)
-        axes[1].set_yscale("log")
-        axes[1].yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}×"))
-        axes[1].set_ylabel(f"speed vs {REFERENCE_PATH}\n(>1 faster, log scale)")
-        axes[1].set_title(f"speed relative to {REFERENCE_PATH} at the same workload", fontsize=10)
-        axes[1].grid(True, axis="y", which="major", alpha=0.3)
-    same_shape = len({(g.fastest.get("dtype"), num(g.fastest.get("row_bytes"))) for g in groups}) == 1
-    labels = [workload_label(g.fastest, with_shape=not same_shape).replace(" tokens × ", " tok × ")
-              .replace(" heads", " h").replace(", ", "\n") for g in groups]
-    axes[-1].set_xticks(range(len(groups)), labels, fontsize=8)
-    if same_shape:
-        f = groups[0].fastest
-        axes[0].set_title(f"GB/s (rows moved × row bytes / median time) — {f.get('dtype')}, "
-                          f"{fmt(num(f.get('row_bytes')))} B rows", fontsize=10)
-    _figure_legend(fig, axes)
+            rel.setdefault(path_of(r), []).append(num(r.get("median_ms")) / t0)
+    scores = {p: (p, statistics.median(v)) for p, v in rel.items()}
+
+    def draw(only: set[str] | None) -> tuple[Figure, int]:
+        paths = sorted(p for p in scores if only is None or p in only or p == REFERENCE_PATH)
+        fig = Figure(figsize=(WIDTH_IN, 7.6 if has_ref else 4.4), layout="constrained")
+        axes = list(fig.subplots(2 if has_ref else 1, 1, squeeze=False, sharex=True)[:, 0])
+        _suptitle(fig, "Lookup paths side by side", run)
+        width = 0.8 / len(paths)
+        for gi, g in enumerate(groups):
+            ref = g.reference
+            for r in g.records:
+                if path_of(r) not in paths:
+                    continue
+                pi = paths.index(path_of(r))
+                xpos = gi + (pi - (len(paths) - 1) / 2) * width
+                axes[0].bar(xpos, num(r.get("gbps")) or 0.0, width=width, color=colors[path_of(r)],
+                            label=path_of(r))
+                if has_ref and ref is not None:
+                    speed = num(ref.get("median_ms")) / num(r.get("median_ms"))
+                    axes[1].bar(xpos, speed, width=width, color=colors[path_of(r)], label=path_of(r))
+        rbs = {num(g.fastest.get("row_bytes")) for g in groups}
+        rb = rbs.pop() if len(rbs) == 1 else None
+        for i, base in enumerate(("h2d_gbps", "pinned_random_row_gbps")):
+            hit = run.row_ceiling(base, rb)
+            if hit:
+                axes[0].axhline(hit[1], color="0.3", linestyle=(0, (4, 2 + 2 * i)), linewidth=1)
+                axes[0].annotate(f"{hit[0]} {fmt(hit[1], 3)} GB/s", xy=(0.995, hit[1]),
+                                 xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=7,
+                                 color="0.2")
+        axes[0].set_yscale("log")
+        _log_value_ticks(axes[0].yaxis, [p.get_height() for p in axes[0].patches])
+        axes[0].set_ylabel("GB/s (log scale)")
+        axes[0].set_title("GB/s (rows moved × row bytes / median time)", fontsize=10)
+        axes[0].grid(True, axis="y", which="major", alpha=0.3)
+        if has_ref:
+            axes[1].axhline(1.0, color="0.3", linewidth=1)
+            axes[1].set_yscale("log")
+            _log_value_ticks(axes[1].yaxis, [p.get_height() for p in axes[1].patches] + [1.0])
+            axes[1].yaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}×"))
+            axes[1].set_ylabel(f"speed vs {REFERENCE_PATH}\n(>1 faster, log scale)")
+            axes[1].set_title(f"speed relative to {REFERENCE_PATH} at the same workload", fontsize=10)
+            axes[1].grid(True, axis="y", which="major", alpha=0.3)
+        same_shape = len({(g.fastest.get("dtype"), num(g.fastest.get("row_bytes"))) for g in groups}) == 1
+        labels = [workload_label(g.fastest, with_shape=not same_shape).replace(" tokens × ", " tok × ")
+                  .replace(" heads", " h").replace(", ", "\n") for g in groups]
+        axes[-1].set_xticks(range(len(groups)), labels, fontsize=8)
+        if same_shape:
+            f = groups[0].fastest
+            axes[0].set_title(f"GB/s (rows moved × row bytes / median time) — {f.get('dtype')}, "
+                              f"{fmt(num(f.get('row_bytes')))} B rows", fontsize=10)
+        return fig, _figure_legend(fig, axes)
+
     caption = ("Single-GPU lookups; each group is one workload (same dtype, row size, table size, tokens, heads, "
                "ids, graph and prefetch setting) measured on several paths (impl · kernel; kernel \"\" is the "
                "backend's default). Dashed lines: the H2D copy and pinned random-row ceilings at this row size. "
                "Exact numbers and % of every ceiling are in the table below.")
-    return Plot("paths", "Lookup paths side by side", caption, _to_uri(fig), section="paths")
+    return _with_full(draw, scores, lambda uri, n, total: Plot(
+        "paths", "Lookup paths side by side", caption, uri, section="paths", legend_entries=n,
+        series_total=total), keep=[REFERENCE_PATH])
 
 
 _STEP_STYLES = {(True, "eager"): "-", (True, "breakable"): "--", (True, "full"): "-.",
                 (False, "eager"): ":", (False, "breakable"): ":", (False, "full"): ":"}
+
+
+def _resident(record: dict[str, Any]) -> bool:
+    """The step's table is HBM-resident (the backend's declaration; impl 'device' for records without one)."""
+    declared = record.get("table_in_host_memory")
+    return declared is False if declared is not None else record.get("impl") == "device"
+
+
+def _step_scores(series: dict[str, list[dict[str, Any]]], y: str) -> dict[str, tuple[str, float]]:
+    """label -> (path, median of y over its points); resident steps score as their own 'path'."""
+    out = {}
+    for label, srs in series.items():
+        ys = [num(r.get(y)) for r in srs if num(r.get(y)) is not None]
+        if ys:
+            r0 = srs[0]
+            out[label] = (path_of(r0) + (" (resident)" if _resident(r0) else ""), statistics.median(ys))
+    return out
 
 
 def plot_step_overlap(run: Run) -> list[Plot]:
@@ -355,7 +480,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     recs = [r for r in recs if num(r.get("compute_us")) is not None]
     if not recs:
         return []
-    axes_names = step_config_axes(recs)
+    axes_names = step_config_axes(recs, with_table=True)
     by_tokens: dict[float, list[dict[str, Any]]] = {}
     for r in recs:
         by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
@@ -364,9 +489,11 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     for tokens, rs in sorted(by_tokens.items()):
         panels = [(y, label) for y, label in (
             ("exposed_ms", "exposed lookup time (ms)"),
-            ("overlap_efficiency", "overlap efficiency (1 − exposed / exposed without prefetch, %)"),
-            ("compute_slowdown", "compute slowdown (% vs compute alone)"),
+            ("overlap_efficiency", "overlap efficiency (%)"),
+            ("compute_slowdown", "compute slowdown (%)"),
         ) if sum(1 for r in rs if num(r.get(y)) is not None) >= 2]
+        titles = {"exposed_ms": "lookup time not hidden", "overlap_efficiency": "1 − exposed / exposed without prefetch",
+                  "compute_slowdown": "in-step compute / compute alone − 1"}
         if not panels or len({num(r.get("compute_us")) for r in rs}) < 2:
             continue
         series: dict[str, list[dict[str, Any]]] = {}
@@ -376,49 +503,59 @@ def plot_step_overlap(run: Run) -> list[Plot]:
         positive = [v for v in exposed if v > 0]
         log_exposed = bool(positive) and max(positive) / min(positive) > 20
         floor = min(positive) / 2 if positive else 0.0
-        fig = Figure(figsize=(4.4 * len(panels) + 3.6, 4.2), layout="constrained")
-        axes = list(fig.subplots(1, len(panels), squeeze=False)[0])
-        title = f"Decode step at {int(tokens)} tokens" + (f" ({shape})" if shape else "")
-        fig.suptitle(title + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12,
-                     color="#a00" if run.functional else "black")
-        for si, (label, srs) in enumerate(sorted(series.items())):
-            r0 = srs[0]
-            style = {"color": colors.get(path_of(r0), "C0"),
-                     "linestyle": _STEP_STYLES.get((bool(r0.get("prefetch")), str(r0.get("graph") or "eager")), "-"),
-                     "marker": MARKERS[si % len(MARKERS)], "markersize": 5}
-            for ax, (y, _label) in zip(axes, panels):
-                scale = 100.0 if y in ("overlap_efficiency", "compute_slowdown") else 1.0
-                pts = points(srs, "compute_us", y)
-                if y == "compute_slowdown":
-                    pts = [p for p in pts if p[0] > 0]  # no compute, nothing to slow
+        scores = _step_scores(series, "exposed_ms" if exposed else "step_ms")
+
+        def draw(only: set[str] | None, tokens=tokens, panels=panels, series=series, log_exposed=log_exposed,
+                 floor=floor, titles=titles) -> tuple[Figure, int]:
+            entries = len(series) if only is None else len(only)
+            fig = Figure(figsize=(WIDTH_IN, _legend_height(entries, 4.4) if only is None else 4.4),
+                         layout="constrained")
+            axes = list(fig.subplots(1, len(panels), squeeze=False)[0])
+            _suptitle(fig, f"Decode step at {int(tokens)} tokens" + (f" ({shape})" if shape else ""), run)
+            for si, (label, srs) in enumerate(sorted(series.items())):
+                if only is not None and label not in only:
+                    continue
+                r0 = srs[0]
+                style = {"color": colors.get(path_of(r0), "C0"),
+                         "linestyle": _STEP_STYLES.get((bool(r0.get("prefetch")), str(r0.get("graph") or "eager")),
+                                                       "-"),
+                         "marker": MARKERS[si % len(MARKERS)], "markersize": 5}
+                for ax, (y, _label) in zip(axes, panels):
+                    scale = 100.0 if y in ("overlap_efficiency", "compute_slowdown") else 1.0
+                    pts = points(srs, "compute_us", y)
+                    if y == "compute_slowdown":
+                        pts = [p for p in pts if p[0] > 0]  # no compute, nothing to slow
+                    if y == "exposed_ms" and log_exposed:
+                        pts = [(p[0], max(p[1], floor)) for p in pts]  # fully hidden: drawn at the floor
+                    if pts:
+                        ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], label=label, **style)
+            for ax, (y, label) in zip(axes, panels):
+                ax.set_title(titles[y], fontsize=10)
+                _finish(ax, "main-stream compute per step (µs)", label)
+                _data_ticks(ax.xaxis, [float(x) for ln in ax.get_lines() for x in ln.get_xdata()],
+                            _plain_formatter, log=False)
+                if y == "overlap_efficiency":  # not clamped: below 0 when the prefetch slows the step
+                    ax.set_ylim(min(-5.0, ax.get_ylim()[0]), max(105.0, ax.get_ylim()[1]))
                 if y == "exposed_ms" and log_exposed:
-                    pts = [(p[0], max(p[1], floor)) for p in pts]  # fully hidden: drawn at the floor
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], label=label, **style)
-        for ax, (y, label) in zip(axes, panels):
-            ax.set_title(label, fontsize=10)
-            _finish(ax, "main-stream compute per step (µs)", label)
-            if y == "overlap_efficiency":  # not clamped: below 0 when the prefetch slows the step
-                ax.set_ylim(min(-5.0, ax.get_ylim()[0]), max(105.0, ax.get_ylim()[1]))
-            if y == "exposed_ms" and log_exposed:
-                ax.set_yscale("log")
-                ax.set_ylabel("exposed lookup time (ms, log scale; ≤ 0 drawn at the bottom)")
-            if y == "compute_slowdown":
-                ax.axhline(0, color="0.4", linewidth=1)
-            if ax.get_legend():
-                ax.get_legend().remove()
-        _figure_legend(fig, axes)
+                    ax.set_yscale("log")
+                    _log_value_ticks(ax.yaxis, [float(v) for ln in ax.get_lines() for v in ln.get_ydata()])
+                    ax.set_ylabel("exposed lookup time (ms, log scale; ≤ 0 drawn at the bottom)")
+                if y == "compute_slowdown":
+                    ax.axhline(0, color="0.4", linewidth=1)
+            return fig, _figure_legend(fig, axes)
+
         caption = ("Synthetic decode steps: the lookup runs beside compute_us of main-stream work. Exposed time is "
                    "the part of the lookup not hidden by the compute; overlap efficiency the hidden share; compute "
                    "slowdown how much longer the compute takes with the lookup beside it (compute_us = 0 left out). "
                    "Colour: path; solid/dashed/dash-dot: prefetch with eager/breakable/full graph; dotted: no "
                    "prefetch.")
-        out.append(Plot(f"step_overlap_t{int(tokens)}", f"Overlap at {int(tokens)} tokens", caption, _to_uri(fig),
-                        section="overlap"))
+        out.append(_with_full(draw, scores, lambda uri, n, total, tokens=tokens, caption=caption: Plot(
+            f"step_overlap_t{int(tokens)}", f"Overlap at {int(tokens)} tokens", caption, uri, section="overlap",
+            legend_entries=n, series_total=total)))
     return out
 
 
-def plot_step_vs_tokens(run: Run) -> Plot | None:
+def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN) -> Plot | None:
     """Decode-step time per path configuration vs tokens per step at the decode shape, one panel
     per compute time (the two largest measured), the HBM-resident steps drawn thick and black:
     where a pinned line meets the resident one, the table can leave HBM at that token count."""
@@ -428,46 +565,60 @@ def plot_step_vs_tokens(run: Run) -> Plot | None:
     recs = [r for r in recs if num(r.get("compute_us")) in computes]
     if len({num(r.get("num_tokens")) for r in recs}) < 2:
         return None
-    axes_names = step_config_axes(recs)
+    axes_names = step_config_axes(recs, with_table=True)
     colors = _path_colors(run)
-    fig = Figure(figsize=(5.4 * len(computes) + 6.4, 4.8), layout="constrained")
-    axes = list(fig.subplots(1, len(computes), squeeze=False)[0])
-    title = "Decode step vs tokens" + (f" ({shape})" if shape else "")
-    fig.suptitle(title + (f"\n({FUNCTIONAL_NOTE})" if run.functional else ""), fontsize=12, x=0.02, ha="left",
-                 color="#a00" if run.functional else "black")
-    drawn = False
-    for ax, cu in zip(axes, computes):
-        series: dict[str, list[dict[str, Any]]] = {}
-        for r in recs:
-            if num(r.get("compute_us")) == cu:
-                series.setdefault(step_config_label(r, axes_names), []).append(r)
-        for si, (label, srs) in enumerate(sorted(series.items())):
-            pts = points(srs, "num_tokens", "step_ms")
-            if len(pts) < 2:
-                continue
-            declared = srs[0].get("table_in_host_memory")
-            resident = declared is False if declared is not None else srs[0].get("impl") == "device"
-            style = ({"color": "black", "linewidth": 2.6, "marker": MARKERS[si % len(MARKERS)], "markersize": 5,
-                      "linestyle": "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
-                     if resident else
-                     {"color": colors.get(path_of(srs[0]), "C0"), "marker": MARKERS[si % len(MARKERS)],
-                      "markersize": 5,
-                      "linestyle": _STEP_STYLES.get((bool(srs[0].get("prefetch")),
-                                                     str(srs[0].get("graph") or "eager")), "-")})
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label + (" (HBM-resident)" if resident else ""),
-                    **style)
-            drawn = True
-        ax.set_title(f"{fmt(cu)} µs of compute per step", fontsize=10)
-        _finish(ax, "tokens per step (log scale)", "step time (ms, log scale)", logx=True, logy=True, xbase=2)
-        if ax.get_legend():
-            ax.get_legend().remove()
-    if not drawn:
+    series = {cu: {} for cu in computes}
+    for r in recs:
+        series[num(r.get("compute_us"))].setdefault(step_config_label(r, axes_names), []).append(r)
+    series = {cu: {label: srs for label, srs in s.items() if len(points(srs, "num_tokens", "step_ms")) >= 2}
+              for cu, s in series.items()}
+    if not any(series.values()):
         return None
-    _figure_legend(fig, axes)
+    scores: dict[str, tuple[str, float]] = {}
+    for s in series.values():
+        for label, (path, score) in _step_scores(s, "step_ms").items():
+            scores[label] = (path, min(score, scores.get(label, (path, score))[1]))
+    # the best resident configuration per place of the ids stays in the condensed plot: what the
+    # others are held to (a step with host ids against the resident step with host ids)
+    resident: dict[str, tuple[float, str]] = {}
+    for label, (path, score) in scores.items():
+        if path.endswith("(resident)"):
+            r0 = next(srs[0] for s in series.values() for lab, srs in s.items() if lab == label)
+            where = str(r0.get("ids_on") or "device")
+            resident[where] = min(resident.get(where, (score, label)), (score, label))
+
+    def draw(only: set[str] | None) -> tuple[Figure, int]:
+        entries = len(scores) if only is None else len(only)
+        fig = Figure(figsize=(WIDTH_IN, _legend_height(entries, height) if only is None else height),
+                     layout="constrained")
+        axes = list(fig.subplots(1, len(computes), squeeze=False)[0])
+        _suptitle(fig, "Decode step vs tokens" + (f" ({shape})" if shape else ""), run, x=0.02, ha="left")
+        for ax, cu in zip(axes, computes):
+            for si, (label, srs) in enumerate(sorted(series[cu].items())):
+                if only is not None and label not in only:
+                    continue
+                pts = points(srs, "num_tokens", "step_ms")
+                res = _resident(srs[0])
+                style = ({"color": "black", "linewidth": 2.6, "marker": MARKERS[si % len(MARKERS)], "markersize": 5,
+                          "linestyle": "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
+                         if res else
+                         {"color": colors.get(path_of(srs[0]), "C0"), "marker": MARKERS[si % len(MARKERS)],
+                          "markersize": 5,
+                          "linestyle": _STEP_STYLES.get((bool(srs[0].get("prefetch")),
+                                                         str(srs[0].get("graph") or "eager")), "-")})
+                ax.plot([p[0] for p in pts], [p[1] for p in pts],
+                        label=label + (" (HBM-resident)" if res else ""), **style)
+            ax.set_title(f"{fmt(cu)} µs of compute per step", fontsize=10)
+            _finish(ax, "tokens per step (log scale)", "step time (ms, log scale)", logx=True, logy=True, xbase=2)
+        return fig, _figure_legend(fig, axes)
+
     caption = ("Median decode-step time per path configuration (path, prefetch, graph mode, where the ids are); "
-               "the thick black lines are the HBM-resident table (solid: ids on the device, dotted: on the host). A step timed on the host clock (host ids, "
-               "host paths) is compared with the resident step timed the same way.")
-    return Plot("step_vs_tokens", "Decode step vs tokens", caption, _to_uri(fig), section="overlap")
+               "the thick black lines are the HBM-resident table (solid: ids on the device, dotted: on the host). "
+               "A step timed on the host clock (host ids, host paths) is compared with the resident step timed the "
+               "same way.")
+    return _with_full(draw, scores, lambda uri, n, total: Plot(
+        "step_vs_tokens", "Decode step vs tokens", caption, uri, section="overlap", legend_entries=n,
+        series_total=total), keep=[label for _s, label in sorted(resident.values())])
 
 
 def plot_topology(run: Run) -> Plot | None:
@@ -478,13 +629,13 @@ def plot_topology(run: Run) -> Plot | None:
     matched = {id(r): r for g in pairs(recs, "topology") for r in g.values()}
     if not matched:
         return None
-    sl = slice_series(list(matched.values()), "topology", ["impl"], max_series=6)
+    extra_keys = [k for k in ("gather_ms", "reduce_ms", "rank_spread_ms")
+                  if any(num(r.get(k)) is not None for r in matched.values())]
+    sl = slice_series(list(matched.values()), "topology", ["impl"], max_series=MAX_LEGEND - len(extra_keys))
     labels = sorted({topology_label(r) for rs in sl.series.values() for r in rs},
                     key=lambda s: [int("".join(c for c in part if c.isdigit())) for part in s.split()])
     if len(labels) < 2:
         return None
-    extra_keys = [k for k in ("gather_ms", "reduce_ms", "rank_spread_ms")
-                  if any(num(r.get(k)) is not None for rs in sl.series.values() for r in rs)]
     fig, axes = _figure(2 if extra_keys else 1, "Topology scaling", run)
     ax = axes[0]
     series = sorted(sl.series.items(), key=lambda kv: str(kv[0]))
@@ -498,6 +649,8 @@ def plot_topology(run: Run) -> Plot | None:
     ax.set_title("median lookup time per rank", fontsize=10)
     ax.margins(y=0.3)
     _finish(ax, "topology (TP, ETP, DP)", "median time (ms)")
+    ax.legend(fontsize=8, loc="best")
+    entries = len(series)
     if extra_keys:
         ax2 = axes[1]
         bars = [(sl.label(key), topology_label(r), r) for key, rs in series for r in rs
@@ -513,8 +666,11 @@ def plot_topology(run: Run) -> Plot | None:
         ax2.set_title("collective parts and spread between ranks", fontsize=10)
         ax2.margins(y=0.3)
         _finish(ax2, "", "time (ms)")
+        ax2.legend(fontsize=8, loc="best")
+        entries += len(extra_keys)
     caption = "Multi-rank lookups against the single-GPU case with the same per-rank ids."
-    return Plot("topology", "Topology scaling", _caption(caption, sl.fixed_text()), _to_uri(fig))
+    return Plot("topology", "Topology scaling", _caption(caption, sl.fixed_text()), _to_uri(fig, PLOT_DPI),
+                legend_entries=entries, series_total=len(series))
 
 
 def make_plots(run: Run) -> list[Plot]:
@@ -541,7 +697,7 @@ def plot_trend(runs: Sequence[Run], case_ids: Sequence[str], metric: str = "medi
     """Each key case's median over the runs, as % of its first value."""
     if len(runs) < 2 or not case_ids:
         return None
-    fig = Figure(figsize=(11, 4.6), layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, 4.6), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     drawn = 0
@@ -567,4 +723,5 @@ def plot_trend(runs: Sequence[Run], case_ids: Sequence[str], metric: str = "medi
     _finish(ax, "run (oldest to newest)", f"{metric} as % of its first run")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return Plot("trend", "Trend", "Median time of each key case, relative to the oldest run in which it appears "
-                "(100% = unchanged; up is slower).", _to_uri(fig))
+                "(100% = unchanged; up is slower).", _to_uri(fig, PLOT_DPI), legend_entries=drawn,
+                series_total=drawn)

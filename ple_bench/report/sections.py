@@ -131,10 +131,13 @@ def decode_steps(run: Run) -> tuple[list[dict[str, Any]], str]:
     return all_steps, ""
 
 
-def step_config_axes(records: Sequence[dict[str, Any]]) -> list[str]:
-    """Axes besides path that name a step configuration (only those that vary)."""
+def step_config_axes(records: Sequence[dict[str, Any]], with_table: bool = False) -> list[str]:
+    """Axes besides path that name a step configuration (only those that vary); ``with_table``:
+    the table size too (``vocab_size``, labelled by its bytes), so that plots and tables never
+    merge steps of different tables into one line."""
     out = ["prefetch"]
-    for axis in ("graph", "ids_on", "stream_priority", "grid_frac", "sm_limit", "ids", "cache_rows"):
+    for axis in ("graph", "ids_on", "stream_priority", "grid_frac", "sm_limit", "ids", "cache_rows") + (
+            ("vocab_size",) if with_table else ()):
         if len({axis_value(r, axis) for r in records}) > 1:
             out.append(axis)
     return out

@@ -7,10 +7,16 @@
    - A <div class="controls" data-for="TABLE_ID"> holds a text filter
      (all space-separated terms must match; "!term" excludes) and optionally
      a status filter (select matching rows' data-status).
+   - Click on an img.zoomable: the #lightbox overlay shows it at its full stored size (scroll to
+     move around); a click or Esc closes it.
    - When the page has loaded, <body> gets data-ready="1", data-images-total,
-     data-images-loaded (images with naturalWidth > 0) and data-js-errors.
+     data-images-loaded (images with naturalWidth > 0), data-js-errors, and the layout as the
+     browser test reads it: data-viewport-width, data-scroll-width (the document's), data-wide
+     (elements that reach past the viewport's right edge outside a scrolling box), and the
+     first plot's box (data-first-plot-top / -bottom).
    - With "#selftest" in the URL, the tables' sorting and filtering are
-     exercised and the outcome lands in body[data-selftest]. */
+     exercised and the outcome lands in body[data-selftest]; on load every plot is opened in
+     the lightbox and closed, the outcome in body[data-zoomtest]. */
 (function () {
   "use strict";
 
@@ -107,6 +113,61 @@
     return Array.prototype.filter.call(table.tBodies[0].rows, function (r) { return !r.hidden; });
   }
 
+  // ----------------------------------------------------------------- lightbox
+  function openLightbox(img) {
+    var box = document.getElementById("lightbox");
+    if (!box) { return; }
+    var big = document.getElementById("lightbox-img");
+    if (!big) {  // made on first use: an image element without a source would count as one that failed
+      big = document.createElement("img");
+      big.id = "lightbox-img";
+      box.appendChild(big);
+    }
+    big.src = img.src;
+    big.alt = img.alt;
+    box.hidden = false;
+    box.scrollTop = 0;
+    box.focus();
+  }
+
+  function closeLightbox() {
+    var box = document.getElementById("lightbox");
+    if (box) { box.hidden = true; }
+  }
+
+  function setupLightbox() {
+    document.addEventListener("click", function (e) {
+      var t = e.target;
+      if (t && t.classList && t.classList.contains("zoomable")) { openLightbox(t); return; }
+      if (t && t.closest && t.closest("#lightbox")) { closeLightbox(); }
+    });
+    document.addEventListener("keydown", function (e) { if (e.key === "Escape") { closeLightbox(); } });
+  }
+
+  // Every plot opens in the lightbox larger than the page shows it, and closes again
+  // (run on load with #selftest: the images must have decoded).
+  function zoomTest() {
+    var problems = [];
+    var imgs = document.querySelectorAll("figure.plot > img.zoomable");
+    var box = document.getElementById("lightbox");
+    var enlarged = 0;
+    Array.prototype.forEach.call(imgs, function (img, i) {
+      var inline = img.getBoundingClientRect().width;
+      img.click();
+      var big = document.getElementById("lightbox-img");
+      var shown = box && !box.hidden ? big.getBoundingClientRect().width : 0;
+      if (!box || box.hidden) { problems.push("plot " + i + ": click did not open the lightbox"); }
+      else if (big.src !== img.src) { problems.push("plot " + i + ": lightbox shows another image"); }
+      else if (!(shown > inline * 1.2)) { problems.push("plot " + i + ": enlarged to " + shown + " px from " + inline); }
+      else { enlarged++; }
+      if (box) { box.click(); }
+      if (box && !box.hidden) { problems.push("plot " + i + ": a click did not close the lightbox"); }
+    });
+    document.body.setAttribute("data-plots-enlarged", String(enlarged));
+    document.body.setAttribute("data-plots-zoomable", String(imgs.length));
+    document.body.setAttribute("data-zoomtest", problems.length ? "fail: " + problems.join("; ") : "pass");
+  }
+
   function selfTest() {
     var problems = [];
     var tables = document.querySelectorAll("table.data.sortable");
@@ -159,6 +220,35 @@
     document.body.setAttribute("data-selftest", problems.length ? "fail: " + problems.join("; ") : "pass");
   }
 
+  function insideScrollBox(el) {
+    for (var p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      var o = window.getComputedStyle(p).overflowX;
+      if (o === "auto" || o === "scroll" || o === "hidden") { return true; }
+    }
+    return false;
+  }
+
+  function layout(body) {
+    var vw = document.documentElement.clientWidth;
+    body.setAttribute("data-viewport-width", String(vw));
+    body.setAttribute("data-scroll-width", String(document.documentElement.scrollWidth));
+    var wide = [];
+    Array.prototype.forEach.call(document.querySelectorAll("body *"), function (el) {
+      var r = el.getBoundingClientRect();
+      if (r.width > 0 && r.right > vw + 1 && !insideScrollBox(el) && wide.length < 10) {
+        wide.push(el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") + " (" + Math.round(r.right) + " px)");
+      }
+    });
+    body.setAttribute("data-wide", wide.join("; "));
+    var first = document.querySelector("figure.plot > img");
+    if (first) {
+      var box = first.getBoundingClientRect();
+      body.setAttribute("data-first-plot-top", String(Math.round(box.top + window.scrollY)));
+      body.setAttribute("data-first-plot-bottom", String(Math.round(box.bottom + window.scrollY)));
+      body.setAttribute("data-first-plot-width", String(Math.round(box.width)));
+    }
+  }
+
   function ready() {
     var imgs = document.images;
     var loaded = 0;
@@ -177,12 +267,15 @@
       body.setAttribute("data-verdict-top", String(Math.round(box.top + window.scrollY)));
       body.setAttribute("data-verdict-bottom", String(Math.round(box.bottom + window.scrollY)));
     }
+    layout(body);
+    if (window.location.hash === "#selftest") { zoomTest(); }
     body.setAttribute("data-ready", "1");
   }
 
   document.addEventListener("DOMContentLoaded", function () {
     Array.prototype.forEach.call(document.querySelectorAll("table.data.sortable"), setupSorting);
     Array.prototype.forEach.call(document.querySelectorAll(".controls[data-for]"), setupFilter);
+    setupLightbox();
     if (window.location.hash === "#selftest") { selfTest(); }
   });
   window.addEventListener("load", ready);
