@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 EXIT_BAD_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -29,7 +30,8 @@ def _has_gpu() -> bool:
 
 # ------------------------------------------------------------------ run
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="default", help="suite name (suites/<name>.toml) or path (default: default)")
+    p.add_argument("--suite", help="suite name (suites/<name>.toml) or path (default: default; "
+                                   "with --resume: the run's own suite)")
     p.add_argument("--case", action="append", default=[], metavar="ID",
                    help="run only cases whose case_id matches this glob or prefix (repeatable)")
     p.add_argument("--results-dir", default="results", type=Path, help="where run folders go (default: results/)")
@@ -37,7 +39,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the cases missing from RUN_DIR")
     p.add_argument("--case-timeout", type=float, default=900.0, help="seconds before a case is declared hung")
     p.add_argument("--no-report", action="store_true", help="do not build the HTML report at the end")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="one line per case instead of the progress bar (as when stderr is not a terminal)")
     p.add_argument("--no-nvtx", action="store_true", help="do not emit NVTX ranges")
     p.add_argument("--samples", type=int, metavar="N",
                    help="take exactly N samples per measurement (overrides the suite's timing policy)")
@@ -48,27 +51,81 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                         "phases as named ranges; one Chrome/Perfetto trace per case: <run_dir>/trace_<case_id>.json")
 
 
+def _resume_suite(args: argparse.Namespace):
+    """The suite and cases of ``--resume RUN_DIR``: the run's own suite, and of it the cases the
+    run was to record (``meta.json``'s list; an older run: every case of the suite).  A ``--suite``
+    naming another suite is refused."""
+    from .results import expected_case_ids, load_meta
+    from .suite import load_suite
+
+    meta = load_meta(args.resume)
+    suite = load_suite(meta.get("suite_path") or meta["suite"])
+    if args.suite is not None:
+        asked = load_suite(args.suite)
+        if Path(asked.path).resolve() != Path(suite.path).resolve():
+            raise UsageError(f"--resume {args.resume} continues a run of suite '{meta.get('suite')}' ({suite.path}); "
+                             f"--suite {args.suite} names another ({asked.path}): drop --suite")
+    expected = expected_case_ids(meta)
+    if expected is None:
+        return suite, suite.cases, meta.get("mode")
+    by_id = {c.case_id: c for c in suite.cases}
+    gone = [cid for cid in expected if cid not in by_id]
+    if gone:
+        print(f"warning: {len(gone)} case(s) of {args.resume} are no longer in {suite.path} and cannot be run: "
+              + ", ".join(gone[:5]) + (" ..." if len(gone) > 5 else ""), file=sys.stderr)
+    return suite, [by_id[cid] for cid in expected if cid in by_id], meta.get("mode")
+
+
+def _resume_args(args: argparse.Namespace) -> list[str]:
+    """The flags of this run that a ``--resume`` of it must repeat (its timing, reports, limits)."""
+    out: list[str] = []
+    if args.samples is not None:
+        out += ["--samples", str(args.samples)]
+    if args.case_timeout != 900.0:
+        out += ["--case-timeout", f"{args.case_timeout:g}"]
+    if args.no_report:
+        out.append("--no-report")
+    elif str(args.reports_dir) != "reports":
+        out += ["--reports-dir", str(args.reports_dir)]
+    for flag in ("no_progress", "no_nvtx", "profile_window"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
+    if args.torch_trace is not None:
+        out += ["--torch-trace", str(args.torch_trace)]
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .measure import TimingPolicy
-    from .suite_loop import RunOptions, run_suite, select_cases
+    from .results import ensure_writable_dir
+    from .suite_loop import RunOptions, run_suite, select_cases, summary_lines
     from .suite import SuiteError, load_suite
 
+    if args.samples is not None and args.samples < 1:
+        print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    if args.torch_trace is not None and args.torch_trace < 1:
+        print("error: --torch-trace N needs N >= 1", file=sys.stderr)
+        return EXIT_BAD_USAGE
     gpu = _has_gpu()
     note = ""
     try:
         if args.resume:
-            from .results import load_meta
-
-            meta = load_meta(args.resume)
-            suite = load_suite(meta.get("suite_path") or meta["suite"])
+            suite, cases, run_mode = _resume_suite(args)
+            if run_mode and run_mode != ("gpu" if gpu else "functional"):
+                raise UsageError(f"--resume {args.resume}: the run was measured in {run_mode} mode, this machine "
+                                 f"runs {'gpu' if gpu else 'functional'} mode: its records would not compare; "
+                                 "resume it where it started")
         else:
-            suite = load_suite(args.suite)
-        if not gpu and getattr(suite, "functional_fallback", None):
+            suite = load_suite(args.suite or "default")
+            cases = suite.cases
+        if not gpu and not args.resume and getattr(suite, "functional_fallback", None):
             fallback = suite.functional_fallback
             note = (f"No CUDA GPU on this machine: suite '{suite.name}' is replaced by the '{fallback}' cases "
                     "in functional mode (CPU, host timer). These numbers check the code paths; they are not "
                     "GPU performance.")
             suite = load_suite(fallback)
+            cases = suite.cases
         elif not gpu:
             note = ("No CUDA GPU on this machine: functional mode (CPU, host timer, Triton interpreter). "
                     "These numbers check the code paths; they are not GPU performance.")
@@ -78,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
-    cases = select_cases(suite.cases, args.case)
+    cases = select_cases(cases, args.case)
     if not cases:
         print(f"error: no case of suite '{suite.name}' matches {args.case}", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -90,17 +147,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     mode = "gpu" if gpu else "functional"
     if not gpu:
         policy = policy.scaled_for_cpu()
-    if args.samples:
+    if args.samples is not None:
         import dataclasses
 
-        if args.samples < 1:
-            print("error: --samples must be at least 1", file=sys.stderr)
-            return EXIT_BAD_USAGE
         policy = dataclasses.replace(policy, min_samples=args.samples, max_samples=args.samples,
                                      max_noise=0.0, min_time_s=0.0, max_time_s=1e9)
-    if args.torch_trace is not None and args.torch_trace < 1:
-        print("error: --torch-trace N needs N >= 1", file=sys.stderr)
-        return EXIT_BAD_USAGE
     from . import env
 
     if args.torch_trace and env.launcher() == "torchrun":
@@ -122,15 +173,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if (Path(resume) / name).exists():
                     shutil.copy2(Path(resume) / name, copy / name)
             resume = copy
+    else:  # every output folder is checked before the first case runs
+        ensure_writable_dir(resume or results_dir, "--resume" if resume else "--results-dir")
+        if not args.no_report:
+            ensure_writable_dir(reports_dir, "--reports-dir")
     if note and not quiet:
         print(note, file=sys.stderr)
     options = RunOptions(
         results_dir=results_dir, reports_dir=reports_dir, resume=resume,
         case_filter=args.case, case_timeout_s=args.case_timeout,
-        progress=not args.no_progress and not quiet,
+        progress=not args.no_progress,
         report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
         torch_trace=args.torch_trace,
-        functional_note=note, argv=sys.argv, quiet=quiet,
+        functional_note=note, argv=sys.argv, quiet=quiet, resume_args=_resume_args(args),
     )
     try:
         summary = run_suite(suite, cases, policy, options, mode)
@@ -139,9 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     if quiet:
         return 0  # rank 0's exit code is the run's; a failing code here would make torchrun stop rank 0
-    c = summary.counts
-    print(f"\n{summary.run_dir.name}: {c['ok']} ok, {c['skipped']} skipped, {c['failed']} failed, "
-          f"{c['invalid']} invalid  ({mode} mode)")
+    print()
+    for line in summary_lines(summary, mode):
+        print(line)
     print(f"records: {summary.run_dir / 'records.jsonl'}")
     if summary.report:
         print(f"report:  {summary.report}")
@@ -280,6 +335,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_USAGE
     case = matches[0]
+    if args.samples < 1:
+        print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
+        return EXIT_BAD_USAGE
     if args.tool == "torch":  # a run folder of its own under the results folder
         out = Path(args.out) if args.out else Path(args.results_dir)
     else:
@@ -401,11 +459,16 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage already
         return int(exc.code or 0)
+    from .results import RunFileError
+
     try:
         return int(args.func(args) or 0)
-    except UsageError as exc:
+    except (UsageError, RunFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside a suite loop (which keeps its records and says so)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (``list --json | head``): stop quietly
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush does not fail

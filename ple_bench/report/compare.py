@@ -296,6 +296,13 @@ def compare_runs(baseline_dirs: PathLike | Sequence[PathLike], candidate_dirs: P
     c_by_id = _records_by_case(cands)
     result.only_in_baseline = sorted(set(b_by_id) - set(c_by_id))
     result.only_in_candidate = sorted(set(c_by_id) - set(b_by_id))
+    for side, runs, other in (("baseline", bases, result.only_in_candidate),
+                              ("candidate", cands, result.only_in_baseline)):
+        for run in runs:  # a case whose line cannot be read is not "only in" the other side
+            for lost in run.lost:
+                if lost.case_id in other:
+                    other.remove(lost.case_id)
+                result.warnings.append(f"{side} {lost}" + (" -- not compared" if lost.case_id else ""))
     unflagged = 0
     for cid in sorted(set(b_by_id) & set(c_by_id)):
         b_ok = [r for r in b_by_id[cid] if r.get("status") == "ok"]
