@@ -323,6 +323,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .suite import SuiteError, load_suite
     from .suite_loop import select_cases
 
+    if args.samples < 1:
+        print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
+        return EXIT_BAD_USAGE
     try:
         suite = load_suite(args.suite)
     except SuiteError as exc:
@@ -335,9 +338,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_BAD_USAGE
     case = matches[0]
-    if args.samples < 1:
-        print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
-        return EXIT_BAD_USAGE
     if args.tool == "torch":  # a run folder of its own under the results folder
         out = Path(args.out) if args.out else Path(args.results_dir)
     else:

@@ -254,13 +254,50 @@ def test_ctrl_c_keeps_results(tmp_path):
         time.sleep(0.1)
     assert records is not None, "no record appeared"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
-    assert "--resume" in err
     run_dir = records.parent
-    assert results.load_meta(run_dir)["status"] == "interrupted"
+    meta = results.load_meta(run_dir)
+    assert meta["status"] == "interrupted"
     recs = results.load_records(run_dir)
     assert 1 <= len(recs) < 64 and all(r["status"] == "ok" for r in recs)
+    # the run says what it did not reach, where, and how to continue
+    missing = meta["not_reached"]["g"]
+    assert meta["cases_recorded"] == len(recs) and len(missing) == 64 - len(recs)
+    assert not {r["case_id"] for r in recs} & set(missing)
+    assert f"{len(recs)} of 64 cases recorded" in out
+    assert f"not reached ({64 - len(recs)}):" in out and missing[0] in out
+    command = f"continue with: {sys.executable} -m ple_bench run --resume {run_dir} --no-report"
+    assert command in out and command in err
+
+
+def test_one_line_per_case_off_a_terminal_and_skips_in_the_summary(tmp_path):
+    """Captured (not a terminal), the run prints one line per case -- no progress-bar frames --
+    and its summary lists every skip with its reason."""
+    path = tmp_path / "suite.toml"
+    path.write_text(SUITE.format(impls='["device"]', dtypes='["fp32", "bf16"]') + """
+[[group]]
+name = "full graph"
+kind = "step"
+impl = "device"
+graph = "full"
+""")
+    proc = cli("run", "--suite", str(path), "--results-dir", str(tmp_path / "res"), "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\r" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[")]
+    assert len(lines) == 3, proc.stderr
+    recs = {r["case_id"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
+    skipped = next(r for r in recs.values() if r["status"] == "skipped")
+    for line in lines:
+        case_id = next(c for c in recs if c in line)
+        rec = recs[case_id]
+        if rec["status"] == "ok":
+            assert line.split()[1] == "ok" and f"{rec['median_ms']:.4f} ms" in line
+        else:
+            assert line.split()[1] == "skipped" and line.endswith(f"{case_id}: {rec['reason']}")
+    assert "3 of 3 cases recorded: 2 ok, 1 skipped" in proc.stdout
+    assert f"1 x {skipped['reason']}: {skipped['case_id']}" in proc.stdout
 
 
 def test_list_json_and_table():

@@ -325,7 +325,7 @@ def compare_runs(baseline_dirs: PathLike | Sequence[PathLike], candidate_dirs: P
             result.not_compared.append(cid)
     order = {v: i for i, v in enumerate(VERDICTS)}
     result.cases.sort(key=lambda c: (order[c.verdict], -abs(c.change_pct or 0.0), c.case_id))
-    result.warnings = _warnings(bases, cands)
+    result.warnings = _warnings(bases, cands) + result.warnings
     if unflagged:
         result.warnings.append(
             f"{unflagged} compared case{'s have' if unflagged != 1 else ' has'} throttled samples that the record "
