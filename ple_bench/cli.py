@@ -207,7 +207,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ list
 def cmd_list(args: argparse.Namespace) -> int:
-    from .suite import SuiteError, case_json, format_cases, list_suites, load_suite
+    import textwrap
+
+    from .suite import SuiteError, case_json, format_cases, format_cases_narrow, list_suites, load_suite
 
     try:
         suites = [load_suite(args.suite)] if args.suite else list_suites()
@@ -221,9 +223,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                 if not args.suite:
                     obj = {"suite": suite.name, **obj}
                 print(json.dumps(obj, sort_keys=False))
-        elif args.suite:
+        elif args.suite and args.wide:
             print(f"# {suite.name}: {suite.description} ({len(suite.cases)} cases)")
             print(format_cases(suite.cases))
+        elif args.suite:
+            print("\n".join(textwrap.wrap(f"# {suite.name}: {suite.description} ({len(suite.cases)} cases)",
+                                          100, subsequent_indent="#   ")))
+            print(format_cases_narrow(suite))
         else:
             print(f"{suite.name:<10} {len(suite.cases):>5} cases  {suite.description}")
     return 0
@@ -406,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list suites, or one suite's cases")
     p.add_argument("--suite", help="show this suite's cases")
     p.add_argument("--json", action="store_true", help="one JSON object per case (case_id and axes)")
+    p.add_argument("--wide", action="store_true",
+                   help="with --suite: one column per axis that varies (default: case_id and table size by group)")
     p.set_defaults(func=cmd_list)
     p = sub.add_parser("report", help="(re)build the HTML report of a run")
     from .report import add_report_args, run_report

@@ -310,6 +310,24 @@ def test_list_json_and_table():
     assert proc.returncode == 0 and "smoke" in proc.stdout and "default" in proc.stdout
 
 
+def test_list_suite_is_narrow_by_default_and_wide_on_request():
+    from ple_bench.suite import load_suite
+
+    suite = load_suite("default")
+    narrow = cli("list", "--suite", "default")
+    assert narrow.returncode == 0
+    assert max(map(len, narrow.stdout.splitlines())) <= 100
+    listed = [c.case_id for c in suite.cases if c.case_id in narrow.stdout]
+    assert len(listed) == len(suite.cases)
+    for group in suite.groups:  # each group headed by its name and the axes that vary in it
+        assert f"[{group.name}] {len(group.case_ids)} case" in narrow.stdout
+    assert "[vocab sweep] 36 cases, varying impl, vocab_size, num_tokens, prefetch" in narrow.stdout
+    wide = cli("list", "--suite", "default", "--wide")
+    header = next(line for line in wide.stdout.splitlines() if line.lstrip().startswith("#  case_id"))
+    assert "host_alloc" in header.split() and "gather_threads" in header.split()
+    assert max(map(len, wide.stdout.splitlines())) > 100
+
+
 def test_env_reports_no_gpu():
     proc = cli("env")
     assert proc.returncode == 0
