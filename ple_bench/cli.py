@@ -369,24 +369,39 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if shutil.which(cmd[0]) is None:
         print(f"error: {cmd[0]} is not on PATH (try --dry-run to see the command)", file=sys.stderr)
         return EXIT_BAD_USAGE
-    out.mkdir(parents=True, exist_ok=True)
-    import subprocess
+    from .results import ensure_writable_dir
 
-    rc = subprocess.call(cmd)
+    ensure_writable_dir(out, "--out")
+    rc = _call(cmd)
     ext = ".ncu-rep" if args.tool == "ncu" else ".nsys-rep"
     print(f"profile: {out / ('profile' + ext)} (exit {rc})")
     return rc
 
 
+def _call(cmd: list[str]) -> int:
+    """Run the profiler's command; on Ctrl-C (which the child, in the same process group, gets
+    too) let it end cleanly -- its run keeps its records -- before the interrupt goes on."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+        raise
+
+
 def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
     """Run ``run --torch-trace`` and point at the trace it wrote in its new run folder."""
-    import subprocess
     import time
 
     from .dispatch import torch_trace_name
 
     started = time.time()
-    rc = subprocess.call(cmd)
+    rc = _call(cmd)
     name = torch_trace_name(case_id)
     found = [p for p in out.glob(f"*/{name}") if p.stat().st_mtime >= started - 1]
     if not found:

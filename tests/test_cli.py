@@ -300,6 +300,53 @@ graph = "full"
     assert f"1 x {skipped['reason']}: {skipped['case_id']}" in proc.stdout
 
 
+def _interrupt(args: list[str], ready, timeout: float = 180) -> tuple[int, str, str]:
+    """Start ``python -m ple_bench ARGS`` with Ctrl-C given back (see the test above), send the
+    process group SIGINT once ``ready()`` holds; its exit code, stdout and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "ple_bench", *args], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, "it ended before it could be interrupted"
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_advise_without_a_gpu_refuses_in_seconds(tmp_path):
+    res = tmp_path / "res"
+    started = time.monotonic()
+    proc = cli("advise", "--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16",
+               "--tokens", "64,256,512", "--compute-us", "100", "--results-dir", str(res))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no CUDA GPU" in proc.stderr and "--runs RUN_DIR" in proc.stderr
+    assert "--functional-check runs its 3 cases" in proc.stderr and "Traceback" not in proc.stderr
+    assert not res.exists() and time.monotonic() - started < 60
+
+
+def test_ctrl_c_in_advise_exits_130_without_resume_advice(tmp_path):
+    res = tmp_path / "res"
+    rc, out, err = _interrupt(["advise", "--table-bytes", "1MiB", "--dim", "16", "--dtype", "bf16", "--heads", "1",
+                               "--tokens", "8", "--compute-us", "10", "--results-dir", str(res),
+                               "--functional-check"], lambda: bool(list(res.glob("*/meta.json"))))
+    assert rc == 130, err[-2000:]
+    assert "--resume" not in err + out and "nothing ranked" in err and "Traceback" not in err
+
+
+def test_ctrl_c_in_profile_exits_130(tmp_path):
+    from ple_bench.suite import load_suite
+
+    case = next(c for c in load_suite("smoke").cases if c.impl == "device")
+    res = tmp_path / "res"
+    rc, out, err = _interrupt(["profile", "--suite", "smoke", "--case", case.case_id, "--tool", "torch",
+                               "--results-dir", str(res)], lambda: bool(list(res.glob("*/meta.json"))))
+    assert rc == 130, err[-2000:]
+    assert "Traceback" not in err
+
+
 def test_list_json_and_table():
     proc = cli("list", "--suite", "smoke", "--json")
     assert proc.returncode == 0
