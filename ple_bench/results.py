@@ -6,7 +6,9 @@ This format is a public interface (nightly CI and dashboards parse it):
 ...), ``torch``, ``triton``, ``python``, ``git_commit``, ``host``, ``ceilings``
 (name -> GB/s), ``mode`` (``gpu`` | ``functional``), ``timer``, ``started_at``,
 ``ended_at``, ``argv``, ``status`` (``running`` | ``complete`` | ``interrupted`` | ``aborted``),
-``launcher`` (``self`` | ``torchrun``).
+``launcher`` (``self`` | ``torchrun``), ``num_cases`` and ``expected_cases`` (the cases the run
+is to record: suite group -> case ids), at its end ``cases_recorded`` and ``not_reached`` (group
+-> the case ids without a record: an interrupted or aborted run's).
 
 ``records.jsonl``: one JSON object per case, appended and flushed as each case
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
