@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 EXIT_BAD_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
@@ -29,7 +30,8 @@ def _has_gpu() -> bool:
 
 # ------------------------------------------------------------------ run
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="default", help="suite name (suites/<name>.toml) or path (default: default)")
+    p.add_argument("--suite", help="suite name (suites/<name>.toml) or path (default: default; "
+                                   "with --resume: the run's own suite)")
     p.add_argument("--case", action="append", default=[], metavar="ID",
                    help="run only cases whose case_id matches this glob or prefix (repeatable)")
     p.add_argument("--results-dir", default="results", type=Path, help="where run folders go (default: results/)")
@@ -37,7 +39,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the cases missing from RUN_DIR")
     p.add_argument("--case-timeout", type=float, default=900.0, help="seconds before a case is declared hung")
     p.add_argument("--no-report", action="store_true", help="do not build the HTML report at the end")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="one line per case instead of the progress bar (as when stderr is not a terminal)")
     p.add_argument("--no-nvtx", action="store_true", help="do not emit NVTX ranges")
     p.add_argument("--samples", type=int, metavar="N",
                    help="take exactly N samples per measurement (overrides the suite's timing policy)")
@@ -48,27 +51,81 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
                         "phases as named ranges; one Chrome/Perfetto trace per case: <run_dir>/trace_<case_id>.json")
 
 
+def _resume_suite(args: argparse.Namespace):
+    """The suite and cases of ``--resume RUN_DIR``: the run's own suite, and of it the cases the
+    run was to record (``meta.json``'s list; an older run: every case of the suite).  A ``--suite``
+    naming another suite is refused."""
+    from .results import expected_case_ids, load_meta
+    from .suite import load_suite
+
+    meta = load_meta(args.resume)
+    suite = load_suite(meta.get("suite_path") or meta["suite"])
+    if args.suite is not None:
+        asked = load_suite(args.suite)
+        if Path(asked.path).resolve() != Path(suite.path).resolve():
+            raise UsageError(f"--resume {args.resume} continues a run of suite '{meta.get('suite')}' ({suite.path}); "
+                             f"--suite {args.suite} names another ({asked.path}): drop --suite")
+    expected = expected_case_ids(meta)
+    if expected is None:
+        return suite, suite.cases, meta.get("mode")
+    by_id = {c.case_id: c for c in suite.cases}
+    gone = [cid for cid in expected if cid not in by_id]
+    if gone:
+        print(f"warning: {len(gone)} case(s) of {args.resume} are no longer in {suite.path} and cannot be run: "
+              + ", ".join(gone[:5]) + (" ..." if len(gone) > 5 else ""), file=sys.stderr)
+    return suite, [by_id[cid] for cid in expected if cid in by_id], meta.get("mode")
+
+
+def _resume_args(args: argparse.Namespace) -> list[str]:
+    """The flags of this run that a ``--resume`` of it must repeat (its timing, reports, limits)."""
+    out: list[str] = []
+    if args.samples is not None:
+        out += ["--samples", str(args.samples)]
+    if args.case_timeout != 900.0:
+        out += ["--case-timeout", f"{args.case_timeout:g}"]
+    if args.no_report:
+        out.append("--no-report")
+    elif str(args.reports_dir) != "reports":
+        out += ["--reports-dir", str(args.reports_dir)]
+    for flag in ("no_progress", "no_nvtx", "profile_window"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
+    if args.torch_trace is not None:
+        out += ["--torch-trace", str(args.torch_trace)]
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from .measure import TimingPolicy
-    from .suite_loop import RunOptions, run_suite, select_cases
+    from .results import ensure_writable_dir
+    from .suite_loop import RunOptions, run_suite, select_cases, summary_lines
     from .suite import SuiteError, load_suite
 
+    if args.samples is not None and args.samples < 1:
+        print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    if args.torch_trace is not None and args.torch_trace < 1:
+        print("error: --torch-trace N needs N >= 1", file=sys.stderr)
+        return EXIT_BAD_USAGE
     gpu = _has_gpu()
     note = ""
     try:
         if args.resume:
-            from .results import load_meta
-
-            meta = load_meta(args.resume)
-            suite = load_suite(meta.get("suite_path") or meta["suite"])
+            suite, cases, run_mode = _resume_suite(args)
+            if run_mode and run_mode != ("gpu" if gpu else "functional"):
+                raise UsageError(f"--resume {args.resume}: the run was measured in {run_mode} mode, this machine "
+                                 f"runs {'gpu' if gpu else 'functional'} mode: its records would not compare; "
+                                 "resume it where it started")
         else:
-            suite = load_suite(args.suite)
-        if not gpu and getattr(suite, "functional_fallback", None):
+            suite = load_suite(args.suite or "default")
+            cases = suite.cases
+        if not gpu and not args.resume and getattr(suite, "functional_fallback", None):
             fallback = suite.functional_fallback
             note = (f"No CUDA GPU on this machine: suite '{suite.name}' is replaced by the '{fallback}' cases "
                     "in functional mode (CPU, host timer). These numbers check the code paths; they are not "
                     "GPU performance.")
             suite = load_suite(fallback)
+            cases = suite.cases
         elif not gpu:
             note = ("No CUDA GPU on this machine: functional mode (CPU, host timer, Triton interpreter). "
                     "These numbers check the code paths; they are not GPU performance.")
@@ -78,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
-    cases = select_cases(suite.cases, args.case)
+    cases = select_cases(cases, args.case)
     if not cases:
         print(f"error: no case of suite '{suite.name}' matches {args.case}", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -90,17 +147,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     mode = "gpu" if gpu else "functional"
     if not gpu:
         policy = policy.scaled_for_cpu()
-    if args.samples:
+    if args.samples is not None:
         import dataclasses
 
-        if args.samples < 1:
-            print("error: --samples must be at least 1", file=sys.stderr)
-            return EXIT_BAD_USAGE
         policy = dataclasses.replace(policy, min_samples=args.samples, max_samples=args.samples,
                                      max_noise=0.0, min_time_s=0.0, max_time_s=1e9)
-    if args.torch_trace is not None and args.torch_trace < 1:
-        print("error: --torch-trace N needs N >= 1", file=sys.stderr)
-        return EXIT_BAD_USAGE
     from . import env
 
     if args.torch_trace and env.launcher() == "torchrun":
@@ -122,15 +173,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                 if (Path(resume) / name).exists():
                     shutil.copy2(Path(resume) / name, copy / name)
             resume = copy
+    else:  # every output folder is checked before the first case runs
+        ensure_writable_dir(resume or results_dir, "--resume" if resume else "--results-dir")
+        if not args.no_report:
+            ensure_writable_dir(reports_dir, "--reports-dir")
     if note and not quiet:
         print(note, file=sys.stderr)
     options = RunOptions(
         results_dir=results_dir, reports_dir=reports_dir, resume=resume,
         case_filter=args.case, case_timeout_s=args.case_timeout,
-        progress=not args.no_progress and not quiet,
+        progress=not args.no_progress,
         report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
         torch_trace=args.torch_trace,
-        functional_note=note, argv=sys.argv, quiet=quiet,
+        functional_note=note, argv=sys.argv, quiet=quiet, resume_args=_resume_args(args),
     )
     try:
         summary = run_suite(suite, cases, policy, options, mode)
@@ -139,9 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     if quiet:
         return 0  # rank 0's exit code is the run's; a failing code here would make torchrun stop rank 0
-    c = summary.counts
-    print(f"\n{summary.run_dir.name}: {c['ok']} ok, {c['skipped']} skipped, {c['failed']} failed, "
-          f"{c['invalid']} invalid  ({mode} mode)")
+    print()
+    for line in summary_lines(summary, mode):
+        print(line)
     print(f"records: {summary.run_dir / 'records.jsonl'}")
     if summary.report:
         print(f"report:  {summary.report}")
@@ -152,7 +207,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ list
 def cmd_list(args: argparse.Namespace) -> int:
-    from .suite import SuiteError, case_json, format_cases, list_suites, load_suite
+    import textwrap
+
+    from .suite import SuiteError, case_json, format_cases, format_cases_narrow, list_suites, load_suite
 
     try:
         suites = [load_suite(args.suite)] if args.suite else list_suites()
@@ -166,9 +223,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                 if not args.suite:
                     obj = {"suite": suite.name, **obj}
                 print(json.dumps(obj, sort_keys=False))
-        elif args.suite:
+        elif args.suite and args.wide:
             print(f"# {suite.name}: {suite.description} ({len(suite.cases)} cases)")
             print(format_cases(suite.cases))
+        elif args.suite:
+            print("\n".join(textwrap.wrap(f"# {suite.name}: {suite.description} ({len(suite.cases)} cases)",
+                                          100, subsequent_indent="#   ")))
+            print(format_cases_narrow(suite))
         else:
             print(f"{suite.name:<10} {len(suite.cases):>5} cases  {suite.description}")
     return 0
@@ -268,6 +329,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .suite import SuiteError, load_suite
     from .suite_loop import select_cases
 
+    if args.samples < 1:
+        print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
+        return EXIT_BAD_USAGE
     try:
         suite = load_suite(args.suite)
     except SuiteError as exc:
@@ -305,24 +369,39 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if shutil.which(cmd[0]) is None:
         print(f"error: {cmd[0]} is not on PATH (try --dry-run to see the command)", file=sys.stderr)
         return EXIT_BAD_USAGE
-    out.mkdir(parents=True, exist_ok=True)
-    import subprocess
+    from .results import ensure_writable_dir
 
-    rc = subprocess.call(cmd)
+    ensure_writable_dir(out, "--out")
+    rc = _call(cmd)
     ext = ".ncu-rep" if args.tool == "ncu" else ".nsys-rep"
     print(f"profile: {out / ('profile' + ext)} (exit {rc})")
     return rc
 
 
+def _call(cmd: list[str]) -> int:
+    """Run the profiler's command; on Ctrl-C (which the child, in the same process group, gets
+    too) let it end cleanly -- its run keeps its records -- before the interrupt goes on."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        try:
+            proc.wait(timeout=60)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+        raise
+
+
 def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
     """Run ``run --torch-trace`` and point at the trace it wrote in its new run folder."""
-    import subprocess
     import time
 
     from .dispatch import torch_trace_name
 
     started = time.time()
-    rc = subprocess.call(cmd)
+    rc = _call(cmd)
     name = torch_trace_name(case_id)
     found = [p for p in out.glob(f"*/{name}") if p.stat().st_mtime >= started - 1]
     if not found:
@@ -348,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list", help="list suites, or one suite's cases")
     p.add_argument("--suite", help="show this suite's cases")
     p.add_argument("--json", action="store_true", help="one JSON object per case (case_id and axes)")
+    p.add_argument("--wide", action="store_true",
+                   help="with --suite: one column per axis that varies (default: case_id and table size by group)")
     p.set_defaults(func=cmd_list)
     p = sub.add_parser("report", help="(re)build the HTML report of a run")
     from .report import add_report_args, run_report
@@ -401,11 +482,16 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage already
         return int(exc.code or 0)
+    from .results import RunFileError
+
     try:
         return int(args.func(args) or 0)
-    except UsageError as exc:
+    except (UsageError, RunFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
+    except KeyboardInterrupt:  # Ctrl-C outside a suite loop (which keeps its records and says so)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader went away (``list --json | head``): stop quietly
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the interpreter's final flush does not fail

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .case import Case
-from .results import RunWriter, now_iso
+from .results import RunWriter, expected_case_ids, load_records, not_reached, now_iso
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,10 +88,20 @@ def start_meta(suite, mode: str, run_dir: Path, writer: RunWriter, *, argv: list
     meta = base_meta(suite, mode)
     meta.update(run_id=run_dir.name, started_at=now_iso(), status="running", argv=argv,
                 timing_policy=dataclasses.asdict(policy), functional_note=functional_note or None,
-                num_cases=len(cases), launch=launch_info(cases))
+                num_cases=len(cases), expected_cases=expected_cases(suite, cases), launch=launch_info(cases))
     meta["launcher"] = meta["launch"]["launcher"]
     writer.write_meta(meta)
     return meta
+
+
+def expected_cases(suite, cases: list[Case]) -> dict[str, list[str]]:
+    """The cases the run is to record, by the suite group that produced them (``meta.json``:
+    ``expected_cases``), so a report can name the cases a run did not reach."""
+    group_of = {cid: g.name for g in getattr(suite, "groups", []) for cid in g.case_ids}
+    out: dict[str, list[str]] = {}
+    for case in cases:
+        out.setdefault(group_of.get(case.case_id, "(no group)"), []).append(case.case_id)
+    return out
 
 
 def resume_meta(writer: RunWriter) -> dict[str, Any]:
@@ -102,6 +112,11 @@ def resume_meta(writer: RunWriter) -> dict[str, Any]:
 def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reason: str | None) -> dict[str, Any]:
     """The run's end: its status (complete, interrupted, aborted), when, and what was measured."""
     extra = {"abort_reason": abort_reason} if abort_reason else {}
+    recorded = {r["case_id"] for r in load_records(writer.run_dir, upgrade=False)}
+    missing = not_reached(meta, recorded)  # meta: the run's from its start (a resumed run: as stored)
+    if missing is not None:
+        extra.update(cases_recorded=len(set(expected_case_ids(meta)) & recorded),
+                     not_reached=missing)
     return writer.update_meta(ended_at=now_iso(), status=status,
                               ceilings=meta.get("ceilings"), device=meta.get("device"), **extra)
 

@@ -6,7 +6,9 @@ This format is a public interface (nightly CI and dashboards parse it):
 ...), ``torch``, ``triton``, ``python``, ``git_commit``, ``host``, ``ceilings``
 (name -> GB/s), ``mode`` (``gpu`` | ``functional``), ``timer``, ``started_at``,
 ``ended_at``, ``argv``, ``status`` (``running`` | ``complete`` | ``interrupted`` | ``aborted``),
-``launcher`` (``self`` | ``torchrun``).
+``launcher`` (``self`` | ``torchrun``), ``num_cases`` and ``expected_cases`` (the cases the run
+is to record: suite group -> case ids), at its end ``cases_recorded`` and ``not_reached`` (group
+-> the case ids without a record: an interrupted or aborted run's).
 
 ``records.jsonl``: one JSON object per case, appended and flushed as each case
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
@@ -39,7 +41,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import secrets
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -131,49 +136,140 @@ class RunWriter:
         return {r["case_id"] for r in load_records(self.run_dir, upgrade=False)}
 
 
+class RunFileError(ValueError):
+    """A run's file that cannot be read as one: the message names the file (and the line)."""
+
+
+@dataclass(frozen=True)
+class LostLine:
+    """A line of ``records.jsonl`` that is not a record (a torn write, a corrupt byte): where it
+    is, and the case it names when its ``case_id`` can still be read from the text."""
+
+    path: Path
+    line: int
+    case_id: str | None
+    why: str
+
+    def __str__(self) -> str:
+        case = f" (case {self.case_id})" if self.case_id else ""
+        return f"{self.path}:{self.line}: {self.why}{case}: the line is left out"
+
+
+_CASE_ID_RE = re.compile(r'"case_id":\s*"([^"\\]+)"')
+
+
 def load_meta(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "meta.json"
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} is not a ple_bench run (no meta.json)")
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RunFileError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunFileError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(meta, dict):
+        raise RunFileError(f"{path}: not a JSON object")
+    return meta
 
 
-def load_records(run_dir: str | Path, *, upgrade: bool = True) -> list[dict[str, Any]]:
-    """Records of a run; a torn last line (a run killed mid-write) is ignored.
-    An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/).
-    ``upgrade``: records of an older schema come in the current one
-    (:func:`ple_bench.record.upgrade`, with the run's ceilings); ``False``: as stored."""
+def read_records(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[LostLine]]:
+    """The records of a run as stored (the last record of a case wins: a resumed run may
+    re-record one), and the lines that are not records.  A line that is not JSON is lost (a
+    torn last line, a corrupt byte) but named; unless a later line records its case again
+    (a resume after a torn write), it is in the second list.  A line that is JSON but not a
+    record (no ``case_id``, not an object) is bad input: :class:`RunFileError`."""
     path = Path(run_dir) / "records.jsonl"
     packed = path.with_name("records.jsonl.gz")
-    if path.exists():
-        text = path.read_text(encoding="utf-8")
-    elif packed.exists():
-        import gzip
+    try:
+        if path.exists():
+            text = path.read_text(encoding="utf-8", errors="replace")
+        elif packed.exists():
+            import gzip
 
-        text = gzip.decompress(packed.read_bytes()).decode("utf-8")
-    else:
-        if not (Path(run_dir) / "meta.json").exists():
-            raise FileNotFoundError(f"{run_dir} is not a ple_bench run (no meta.json)")
-        return []
-    out = []
-    for line in text.splitlines():
+            path = packed
+            text = gzip.decompress(packed.read_bytes()).decode("utf-8", errors="replace")
+        else:
+            if not (Path(run_dir) / "meta.json").exists():
+                raise FileNotFoundError(f"{run_dir} is not a ple_bench run (no meta.json)")
+            return [], []
+    except (OSError, EOFError) as exc:
+        raise RunFileError(f"{path}: unreadable ({exc})") from None
+    latest: dict[str, dict[str, Any]] = {}
+    lost: list[LostLine] = []
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            named = _CASE_ID_RE.search(line)
+            lost.append(LostLine(path, number, named.group(1) if named else None, f"not valid JSON ({exc.msg})"))
             continue
-    # A resumed run may re-record a case; the last record wins.
-    latest: dict[str, dict[str, Any]] = {}
-    for rec in out:
+        if not isinstance(rec, dict):
+            raise RunFileError(f"{path}:{number}: not a record (a JSON {type(rec).__name__}, not an object)")
+        if not isinstance(rec.get("case_id"), str) or not rec["case_id"]:
+            raise RunFileError(f"{path}:{number}: a record without 'case_id'")
         latest[rec["case_id"]] = rec
-    records = list(latest.values())
+        lost = [x for x in lost if x.case_id != rec["case_id"]]  # recorded again after the lost line
+    return list(latest.values()), lost
+
+
+def warn_lost(lost: Iterable[LostLine]) -> None:
+    """Every lost line, on stderr: no reader drops one silently."""
+    for x in lost:
+        print(f"warning: {x}", file=sys.stderr)
+
+
+def load_records(run_dir: str | Path, *, upgrade: bool = True,
+                 lost: list[LostLine] | None = None) -> list[dict[str, Any]]:
+    """Records of a run (:func:`read_records`); each line that is not a record is named on stderr
+    (and appended to ``lost`` when given).
+    An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/).
+    ``upgrade``: records of an older schema come in the current one
+    (:func:`ple_bench.record.upgrade`, with the run's ceilings); ``False``: as stored."""
+    records, found = read_records(run_dir)
+    warn_lost(found)
+    if lost is not None:
+        lost.extend(found)
     if upgrade and any(r.get("schema_version") != SCHEMA_VERSION for r in records):
-        meta_path = Path(run_dir) / "meta.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        meta = load_meta(run_dir) if (Path(run_dir) / "meta.json").exists() else {}
         records = _upgrade(records, meta)
     return records
+
+
+def not_reached(meta: dict[str, Any], recorded: Iterable[str]) -> dict[str, list[str]] | None:
+    """The cases a run was to record (``meta.json``'s ``expected_cases``, by group) that have no
+    record, by group; None for a run that predates the list (only ``num_cases`` says how many)."""
+    expected = meta.get("expected_cases")
+    if not isinstance(expected, dict):
+        return None
+    have = set(recorded)
+    out = {str(group): [c for c in ids if c not in have] for group, ids in expected.items()
+           if isinstance(ids, list)}
+    return {g: ids for g, ids in out.items() if ids}
+
+
+def expected_case_ids(meta: dict[str, Any]) -> list[str] | None:
+    """Every case a run was to record, in order (None for a run that predates the list)."""
+    expected = meta.get("expected_cases")
+    if not isinstance(expected, dict):
+        return None
+    return [c for ids in expected.values() if isinstance(ids, list) for c in ids]
+
+
+def ensure_writable_dir(path: str | Path, what: str) -> None:
+    """Create ``path`` (and its parents) and check a file can be written in it; ``RunFileError``
+    naming ``what`` (the flag) otherwise -- before any case runs, not after the first."""
+    import tempfile
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise RunFileError(f"{what} {path}: not a writable folder ({exc.strerror or exc})") from None
 
 
 def load(run_dir: str | Path):

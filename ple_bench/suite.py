@@ -259,6 +259,42 @@ def format_cases(cases: list[Case]) -> str:
     return "\n".join(out)
 
 
+def format_cases_narrow(suite: "Suite", width: int = 100) -> str:
+    """``list --suite S``: the cases by group, each group headed by the axes that vary in it;
+    a case on one line: its number (as in :func:`format_cases`), its table size (in the group's
+    head when one size serves the group) and ``case_id``, which spells the axes that differ from
+    their defaults."""
+    import textwrap
+
+    if not suite.cases:
+        return "(no cases)"
+    number = {c.case_id: i for i, c in enumerate(suite.cases, 1)}
+    by_id = {c.case_id: c for c in suite.cases}
+    groups = [(g.name, [by_id[cid] for cid in g.case_ids if cid in by_id]) for g in suite.groups]
+    grouped = {cid for _, cases in groups for cid in (c.case_id for c in cases)}
+    rest = [c for c in suite.cases if c.case_id not in grouped]
+    if rest:
+        groups.append(("(other)", rest))
+    names = [f.name for f in dataclasses.fields(Case)]
+    digits = len(str(len(suite.cases)))
+    out = []
+    for name, cases in groups:
+        if not cases:
+            continue
+        rows = [case_json(c) for c in cases]
+        varying = [n for n in names if len({json.dumps(r[n], sort_keys=True, default=str) for r in rows}) > 1]
+        sizes = {human_bytes(_table_bytes(c)) for c in cases}
+        head = f"[{name}] {len(cases)} case{'s' if len(cases) != 1 else ''}" + (
+            f", table {next(iter(sizes))}" if len(sizes) == 1 else "") + (
+            ", varying " + ", ".join(varying) if varying else "")
+        out += textwrap.wrap(head, width, subsequent_indent="    ")
+        size_width = max(map(len, sizes))
+        out += [f"{number[c.case_id]:>{digits}}  " + (f"{human_bytes(_table_bytes(c)):>{size_width}}  "
+                                                       if len(sizes) > 1 else "") + c.case_id for c in cases]
+    out.append(f"{len(suite.cases)} case{'s' if len(suite.cases) != 1 else ''} (--wide: every axis as a column)")
+    return "\n".join(out)
+
+
 def _table_bytes(case: Case) -> int:
     return case.vocab_size * case.dim * DTYPE_BYTES[case.dtype]
 

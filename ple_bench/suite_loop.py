@@ -31,6 +31,9 @@ class RunOptions:
     functional_note: str = ""
     argv: list[str] = field(default_factory=list)
     quiet: bool = False  # no messages (torchrun ranks other than 0)
+    #: the flags that go with ``run --resume RUN_DIR`` to continue this run (printed when it ends
+    #: early); None: it cannot be resumed that way (an advise run)
+    resume_args: list[str] | None = field(default_factory=list)
 
 
 @dataclass
@@ -39,7 +42,10 @@ class RunSummary:
     counts: dict[str, int]
     interrupted: bool = False
     report: Path | None = None
+    resume_command: str | None = None
     aborted: str | None = None  # why a torchrun run ended early
+    meta: dict[str, Any] = field(default_factory=dict)  # the run's meta.json at its end
+    records: list[dict[str, Any]] = field(default_factory=list)  # every record of the run folder, as stored
 
     @property
     def exit_code(self) -> int:
@@ -109,32 +115,103 @@ def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) 
 
 
 class _Progress:
-    def __init__(self, total: int, enabled: bool):
+    """A tqdm bar where its stream is a terminal; elsewhere (a log, a pipe) and with
+    ``--no-progress``, one line per case: its status, its median, the reason of a case not
+    measured.  ``enabled=None``: nothing at all (the quiet ranks)."""
+
+    def __init__(self, total: int, bar: bool | None):
         self.bar = None
-        if enabled:
+        self.total, self.n = total, 0
+        self.silent = bar is None
+        self.case_id = ""
+        if bar and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="case", dynamic_ncols=True, file=sys.stderr,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
 
     def start(self, case_id: str) -> None:
+        self.case_id = case_id
         if self.bar is not None:
             self.bar.set_description_str(case_id[:60])
 
-    def done(self, status: str) -> None:
+    def done(self, rec: dict[str, Any]) -> None:
+        self.n += 1
+        status = rec["status"]
         if self.bar is not None:
             self.bar.set_postfix_str(status)
             self.bar.update(1)
+            if status in ("failed", "invalid"):
+                self.write(f"{status.upper()} {self.case_id}: {rec.get('reason')}")
+        elif not self.silent:
+            median = rec.get("median_ms")
+            figure = f"{median:10.4f} ms" if isinstance(median, (int, float)) else " " * 13
+            reason = f": {rec.get('reason')}" if status != "ok" and rec.get("reason") else ""
+            width = len(str(self.total))
+            self.write(f"[{self.n:>{width}}/{self.total}] {status:<7} {figure}  {self.case_id}{reason}")
 
     def write(self, text: str) -> None:
+        if self.silent:
+            return
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
         else:
-            print(text, file=sys.stderr)
+            print(text, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def summary_lines(summary: RunSummary, mode: str) -> list[str]:
+    """The run's end on the console: every record of the run folder counted against the cases
+    it was to record ("146 of 149"), the skips with their reasons, the cases not reached with
+    their groups, and the command that continues the run."""
+    from collections import Counter
+
+    from .results import not_reached
+
+    meta, records = summary.meta, summary.records
+    counts = Counter(r.get("status") for r in records)
+    expected = int(meta.get("num_cases") or 0)
+    missing = not_reached(meta, (r["case_id"] for r in records))
+    n_missing = sum(map(len, missing.values())) if missing is not None else max(expected - len(records), 0)
+    total = len(records) + n_missing
+    lines = [f"{summary.run_dir.name}: {len(records)} of {total} cases recorded: {counts['ok']} ok, "
+             f"{counts['skipped']} skipped, {counts['failed']} failed, {counts['invalid']} invalid  ({mode} mode)"]
+    skips: dict[str, list[str]] = {}
+    for r in records:
+        if r.get("status") == "skipped":
+            skips.setdefault(str(r.get("reason") or "no reason recorded"), []).append(r["case_id"])
+    if skips:
+        lines.append(f"skipped ({counts['skipped']}):")
+        for reason, ids in sorted(skips.items(), key=lambda kv: -len(kv[1])):
+            shown = ", ".join(ids[:3]) + (f", ... ({len(ids) - 3} more)" if len(ids) > 3 else "")
+            lines.append(f"  {len(ids)} x {reason}: {shown}")
+    if n_missing:
+        lines.append(f"not reached ({n_missing}):")
+        if missing is None:
+            lines.append("  (this run's meta.json does not list its cases)")
+        for group, ids in (missing or {}).items():
+            lines.append(f"  [{group}] " + ", ".join(ids))
+        if summary.resume_command:
+            lines.append(f"continue with: {summary.resume_command}")
+    return lines
+
+
+def resume_command(run_dir: Path, options: RunOptions) -> str | None:
+    """The exact command that runs the cases ``run_dir`` lacks, or None where that is not possible."""
+    import shlex
+
+    if options.resume_args is None:
+        return None
+    return shlex.join([sys.executable, "-m", "ple_bench", "run", "--resume", str(run_dir), *options.resume_args])
+
+
+def _interrupted_text(run_dir: Path, options: RunOptions) -> str:
+    text = f"interrupted: everything measured so far is in {run_dir}"
+    command = resume_command(run_dir, options)
+    return text + (f"; continue with: {command}" if command else "")
 
 
 def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) -> RunSummary:
@@ -152,7 +229,7 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
                                      functional_note=options.functional_note, cases=cases)
     todo = [c for c in order_cases(cases) if c.case_id not in done]
     counts = {"ok": 0, "skipped": 0, "failed": 0, "invalid": 0}
-    progress = _Progress(len(todo), options.progress)
+    progress = _Progress(len(todo), None if options.quiet else options.progress)
     if options.resume and not options.quiet:
         progress.write(f"resuming {run_dir}: {len(done)} cases done, {len(todo)} to run")
     if not options.quiet:
@@ -171,17 +248,14 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
             derive_record(rec, case, meta, twins)
             writer.append(rec)
             counts[rec["status"]] += 1
-            progress.done(rec["status"])
-            if rec["status"] in ("failed", "invalid") and not options.quiet:
-                progress.write(f"{rec['status'].upper()} {case.case_id}: {rec['reason']}")
+            progress.done(rec)
             if executor.abort_reason:
                 if not options.quiet:
                     progress.write(f"run ended early: {executor.abort_reason}")
                 break
     except KeyboardInterrupt:
         interrupted = True
-        progress.write(f"interrupted: everything measured so far is in {run_dir}; "
-                       f"continue with --resume {run_dir}")
+        progress.write(_interrupted_text(run_dir, options))
     finally:
         progress.close()
         try:
@@ -189,13 +263,15 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         except KeyboardInterrupt:  # Ctrl-C while the workers shut down: the run still ends as interrupted
             if not interrupted:
                 interrupted = True
-                print(f"interrupted: everything measured so far is in {run_dir}; "
-                      f"continue with --resume {run_dir}", file=sys.stderr)
+                if not options.quiet:
+                    print(_interrupted_text(run_dir, options), file=sys.stderr)
             executor.close()
     status = "interrupted" if interrupted else "aborted" if executor.abort_reason else "complete"
     meta = provenance.finish_meta(writer, meta, status, executor.abort_reason)
     summary = RunSummary(run_dir=run_dir, counts=counts, interrupted=interrupted,
-                         aborted=executor.abort_reason)
+                         aborted=executor.abort_reason, meta=meta,
+                         records=load_records(run_dir, upgrade=False))
+    summary.resume_command = resume_command(run_dir, options)
     if options.report:
         try:
             from .report import build_report

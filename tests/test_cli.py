@@ -263,13 +263,97 @@ def test_ctrl_c_keeps_results(tmp_path):
         time.sleep(0.1)
     assert records is not None, "no record appeared"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
-    assert "--resume" in err
     run_dir = records.parent
-    assert results.load_meta(run_dir)["status"] == "interrupted"
+    meta = results.load_meta(run_dir)
+    assert meta["status"] == "interrupted"
     recs = results.load_records(run_dir)
     assert 1 <= len(recs) < 64 and all(r["status"] == "ok" for r in recs)
+    # the run says what it did not reach, where, and how to continue
+    missing = meta["not_reached"]["g"]
+    assert meta["cases_recorded"] == len(recs) and len(missing) == 64 - len(recs)
+    assert not {r["case_id"] for r in recs} & set(missing)
+    assert f"{len(recs)} of 64 cases recorded" in out
+    assert f"not reached ({64 - len(recs)}):" in out and missing[0] in out
+    command = f"continue with: {sys.executable} -m ple_bench run --resume {run_dir} --no-report"
+    assert command in out and command in err
+
+
+def test_one_line_per_case_off_a_terminal_and_skips_in_the_summary(tmp_path):
+    """Captured (not a terminal), the run prints one line per case -- no progress-bar frames --
+    and its summary lists every skip with its reason."""
+    path = tmp_path / "suite.toml"
+    path.write_text(SUITE.format(impls='["device"]', dtypes='["fp32", "bf16"]') + """
+[[group]]
+name = "full graph"
+kind = "step"
+impl = "device"
+graph = "full"
+""")
+    proc = cli("run", "--suite", str(path), "--results-dir", str(tmp_path / "res"), "--no-report")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\r" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[")]
+    assert len(lines) == 3, proc.stderr
+    recs = {r["case_id"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
+    skipped = next(r for r in recs.values() if r["status"] == "skipped")
+    for line in lines:
+        case_id = next(c for c in recs if c in line)
+        rec = recs[case_id]
+        if rec["status"] == "ok":
+            assert line.split()[1] == "ok" and f"{rec['median_ms']:.4f} ms" in line
+        else:
+            assert line.split()[1] == "skipped" and line.endswith(f"{case_id}: {rec['reason']}")
+    assert "3 of 3 cases recorded: 2 ok, 1 skipped" in proc.stdout
+    assert f"1 x {skipped['reason']}: {skipped['case_id']}" in proc.stdout
+
+
+def _interrupt(args: list[str], ready, timeout: float = 180) -> tuple[int, str, str]:
+    """Start ``python -m ple_bench ARGS`` with Ctrl-C given back (see the test above), send the
+    process group SIGINT once ``ready()`` holds; its exit code, stdout and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "ple_bench", *args], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + timeout
+    while not ready() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert proc.poll() is None, "it ended before it could be interrupted"
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_advise_without_a_gpu_refuses_in_seconds(tmp_path):
+    res = tmp_path / "res"
+    started = time.monotonic()
+    proc = cli("advise", "--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16",
+               "--tokens", "64,256,512", "--compute-us", "100", "--results-dir", str(res))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no CUDA GPU" in proc.stderr and "--runs RUN_DIR" in proc.stderr
+    assert "--functional-check runs its 3 cases" in proc.stderr and "Traceback" not in proc.stderr
+    assert not res.exists() and time.monotonic() - started < 60
+
+
+def test_ctrl_c_in_advise_exits_130_without_resume_advice(tmp_path):
+    res = tmp_path / "res"
+    rc, out, err = _interrupt(["advise", "--table-bytes", "1MiB", "--dim", "16", "--dtype", "bf16", "--heads", "1",
+                               "--tokens", "8", "--compute-us", "10", "--results-dir", str(res),
+                               "--functional-check"], lambda: bool(list(res.glob("*/meta.json"))))
+    assert rc == 130, err[-2000:]
+    assert "--resume" not in err + out and "nothing ranked" in err and "Traceback" not in err
+
+
+def test_ctrl_c_in_profile_exits_130(tmp_path):
+    from ple_bench.suite import load_suite
+
+    case = next(c for c in load_suite("smoke").cases if c.impl == "device")
+    res = tmp_path / "res"
+    rc, out, err = _interrupt(["profile", "--suite", "smoke", "--case", case.case_id, "--tool", "torch",
+                               "--results-dir", str(res)], lambda: bool(list(res.glob("*/meta.json"))))
+    assert rc == 130, err[-2000:]
+    assert "Traceback" not in err
 
 
 def test_list_json_and_table():
@@ -280,6 +364,24 @@ def test_list_json_and_table():
     assert len({o["case_id"] for o in objs}) == len(objs)
     proc = cli("list")
     assert proc.returncode == 0 and "smoke" in proc.stdout and "default" in proc.stdout
+
+
+def test_list_suite_is_narrow_by_default_and_wide_on_request():
+    from ple_bench.suite import load_suite
+
+    suite = load_suite("default")
+    narrow = cli("list", "--suite", "default")
+    assert narrow.returncode == 0
+    assert max(map(len, narrow.stdout.splitlines())) <= 100
+    listed = [c.case_id for c in suite.cases if c.case_id in narrow.stdout]
+    assert len(listed) == len(suite.cases)
+    for group in suite.groups:  # each group headed by its name and the axes that vary in it
+        assert f"[{group.name}] {len(group.case_ids)} case" in narrow.stdout
+    assert "[vocab sweep] 36 cases, varying impl, vocab_size, num_tokens, prefetch" in narrow.stdout
+    wide = cli("list", "--suite", "default", "--wide")
+    header = next(line for line in wide.stdout.splitlines() if line.lstrip().startswith("#  case_id"))
+    assert "host_alloc" in header.split() and "gather_threads" in header.split()
+    assert max(map(len, wide.stdout.splitlines())) > 100
 
 
 def test_env_reports_no_gpu():

@@ -1,6 +1,6 @@
 """Reports and comparisons of stored runs (never measures).
 
-- :func:`build_report` (html.py): ``reports/<run_id>/index.html``, self-contained.
+- :func:`build_report` (html.py): ``reports/<run folder name>/index.html``, self-contained.
 - :func:`compare_runs` (compare.py): baseline vs candidate runs (one or several a side), threshold + Mann-Whitney U.
 - findings.py: plain-word findings; plots.py: matplotlib (Agg) PNGs inlined as base64;
   data.py: tolerant loading of run directories and grouping helpers.

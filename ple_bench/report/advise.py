@@ -344,6 +344,9 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-cores", type=int, help="what-if: host cores for the host-gather paths")
     p.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page")
     p.add_argument("--results-dir", default="results", help="where a self-run (no --runs) stores its run")
+    p.add_argument("--functional-check", action="store_true",
+                   help="without a GPU and without --runs: run advise's handful of cases in functional mode "
+                        "(CPU) to check the code paths; ranks nothing (without it advise refuses there, exit 2)")
     p.add_argument("--graph", choices=["replayed", "any"], default="any",
                    help="rank every stable pinned step by its step time (default), or only graph-replayed ones "
                         "where the runs have them")
@@ -392,12 +395,17 @@ def run_advise(args: argparse.Namespace) -> int:
         if args.compute_us < 0:
             raise AdviseError(f"--compute-us: must be >= 0, got {args.compute_us}")
         runs = args.runs
+        if runs and args.functional_check:
+            raise AdviseError("--functional-check runs advise's own cases: not with --runs")
         if not runs:
-            from .advise_run import self_run
+            from ..env import gpu_available
+            from .advise_run import NO_GPU, functional_case_count, self_run
 
+            if not gpu_available() and not args.functional_check:
+                raise AdviseError(NO_GPU.format(n=functional_case_count(args, tokens)))
             runs = self_run(args, table, tokens)
-            if runs is None:
-                return 0
+            if isinstance(runs, int):
+                return runs
         missing = [d for d in runs if not (Path(d) / "meta.json").exists()]
         if missing:
             raise AdviseError(f"--runs: not a run folder (no meta.json): {', '.join(missing)}")

@@ -5,13 +5,15 @@ other): the HBM-resident step (breakable and full graph), the UVA kernel and the
 prefetched in a breakable graph (eager without a GPU), ids on the host and the device, at the asked tokens and at two
 compute lengths (the asked one and a quarter of it, so the model can fit the compute).  It runs
 through the ordinary runner (progress bar, records, meta.json with the ceilings).  On a machine
-without a GPU the suite runs in functional mode on a 64 MiB table: the code paths are checked,
-the numbers are not timings, and advise says so and ranks nothing.
+without a GPU advise refuses (exit 2: give ``--runs``) unless ``--functional-check`` asks for a
+handful of functional cases on a 1 MiB table: the code paths are checked, the numbers are not
+timings, and advise says so and ranks nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -59,49 +61,80 @@ name = "cpu gather"
 impl = "pinned_cpu_gather"
 """
 
-FUNCTIONAL_TABLE = 64 << 20
+#: without a GPU (``--functional-check``): the code paths on a small table, one token count, one compute
+FUNCTIONAL_TABLE = 1 << 20
 
 
 def suite_text(*, dim: int, dtype: str, heads: int, table_bytes: int, tokens: list[int], compute_us: float,
                gpu: bool = True) -> str:
-    """The suite's TOML; without a GPU every step runs eagerly (graphs need CUDA)."""
-    computes = sorted({round(compute_us / 4, 3), float(compute_us)})
-    return SUITE_TEMPLATE.format(graph="breakable" if gpu else "eager",
-                                 resident_graphs='["breakable", "full"]' if gpu else '["eager"]',shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
-                                 dim=dim, heads=heads, table_bytes=table_bytes, tokens=list(tokens),
+    """The suite's TOML.  Without a GPU every step runs eagerly (graphs need CUDA), at the first
+    asked token count, the asked compute and ids on the device only: one case per path, to check
+    the code paths."""
+    computes = sorted({round(compute_us / 4, 3), float(compute_us)}) if gpu else [float(compute_us)]
+    tokens = list(tokens) if gpu else list(tokens[:1])
+    text = SUITE_TEMPLATE.format(graph="breakable" if gpu else "eager",
+                                 resident_graphs='["breakable", "full"]' if gpu else '["eager"]',
+                                 shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
+                                 dim=dim, heads=heads, table_bytes=table_bytes, tokens=tokens,
                                  computes=[c if c != int(c) else int(c) for c in computes])
+    return text if gpu else text.replace('ids_on = ["host", "device"]', 'ids_on = "device"')
 
 
-def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> list[str] | None:
-    """Run the suite; the run folder to read, or None when nothing can be ranked (functional run)."""
+NO_GPU = ("no CUDA GPU on this machine: advise ranks decode steps measured on a GPU, and a run here (CPU, "
+          "functional mode) times none. Give measured runs: --runs RUN_DIR ... (e.g. docs/runs/*), or run "
+          "advise on a GPU; --functional-check runs its {n} cases here to check the code paths (ranks nothing)")
+
+EXIT_INTERRUPTED = 130
+
+
+def functional_case_count(args: argparse.Namespace, tokens: list[int]) -> int:
+    with tempfile.TemporaryDirectory(prefix="ple_bench-advise-") as where:
+        return len(_write_suite(args, FUNCTIONAL_TABLE, tokens, gpu=False, where=Path(where))[1].cases)
+
+
+def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: bool, where: Path | None = None):
+    from ..suite import load_suite
+
+    text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
+                      compute_us=args.compute_us, gpu=gpu)
+    path = (where or Path(tempfile.mkdtemp(prefix="ple_bench-advise-"))) / "advise.toml"
+    path.write_text(text, encoding="utf-8")
+    return text, load_suite(path)
+
+
+def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> list[str] | int:
+    """Run the suite; the run folder to read, or the exit code when nothing can be ranked (a
+    functional run: 0; interrupted: 130)."""
     from ..env import gpu_available
     from ..measure import TimingPolicy
+    from ..results import ensure_writable_dir
     from ..runner import RunOptions, run_suite
-    from ..suite import load_suite
 
     gpu = gpu_available()
     table = table_bytes if gpu else min(table_bytes, FUNCTIONAL_TABLE)
-    text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
-                      compute_us=args.compute_us, gpu=gpu)
-    suite_dir = Path(tempfile.mkdtemp(prefix="ple_bench-advise-"))
-    path = suite_dir / "advise.toml"
-    path.write_text(text, encoding="utf-8")
-    suite = load_suite(path)
+    text, suite = _write_suite(args, table, tokens, gpu)
+    ensure_writable_dir(args.results_dir, "--results-dir")
     policy = TimingPolicy.from_dict(suite.timing or {})
     note = ""
     if not gpu:
-        policy = policy.scaled_for_cpu()
-        note = (f"No CUDA GPU on this machine: advise ran its {len(suite.cases)} cases in functional mode (CPU, host "
-                f"timer) on a {table >> 20} MiB table. These numbers check the code paths; they are not "
-                "timings, and nothing is ranked from them. Run advise on a GPU, or give --runs.")
+        policy = dataclasses.replace(policy.scaled_for_cpu(), min_samples=2, max_samples=2)
+        note = (f"No CUDA GPU on this machine: advise runs its {len(suite.cases)} cases in functional mode (CPU, "
+                f"host timer) on a {table >> 10} KiB table. They check the code paths; they are not timings, "
+                "and nothing is ranked from them.")
         print(note, file=sys.stderr)
+    # an advise run is not continued with `run --resume`: its suite is advise's own (give --runs instead)
     options = RunOptions(results_dir=Path(args.results_dir), reports_dir=Path(args.results_dir) / "_reports",
-                         progress=True, report=False, functional_note=note, argv=sys.argv)
+                         progress=True, report=False, functional_note=note, argv=sys.argv, resume_args=None)
     summary = run_suite(suite, suite.cases, policy, options, "gpu" if gpu else "functional")
+    (summary.run_dir / "advise.toml").write_text(text, encoding="utf-8")
     print(f"advise: ran {sum(summary.counts.values())} cases into {summary.run_dir} ({summary.counts})",
           file=sys.stderr)
-    (summary.run_dir / "advise.toml").write_text(text, encoding="utf-8")
+    if summary.interrupted:
+        print(f"advise: interrupted, nothing ranked; the cases measured so far are in {summary.run_dir} "
+              f"(advise --runs {summary.run_dir} ranks them once they are all there)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not gpu:
-        print(note)
-        return None
+        print(f"advise: functional check done ({summary.counts['ok']} ok, {summary.counts['failed']} failed, "
+              f"{summary.counts['invalid']} invalid); nothing ranked: no GPU timings")
+        return summary.exit_code
     return [str(summary.run_dir)]

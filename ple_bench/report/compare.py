@@ -470,6 +470,13 @@ def compare_loaded(bases: Sequence[Run], cands: Sequence[Run], threshold_pct: fl
     c_by_id = _records_by_case(cands)
     result.only_in_baseline = sorted(set(b_by_id) - set(c_by_id))
     result.only_in_candidate = sorted(set(c_by_id) - set(b_by_id))
+    for side, runs, other in (("baseline", bases, result.only_in_candidate),
+                              ("candidate", cands, result.only_in_baseline)):
+        for run in runs:  # a case whose line cannot be read is not "only in" the other side
+            for lost in run.lost:
+                if lost.case_id in other:
+                    other.remove(lost.case_id)
+                result.warnings.append(f"{side} {lost}" + (" -- not compared" if lost.case_id else ""))
     unflagged = 0
     for cid in sorted(set(b_by_id) & set(c_by_id)):
         b_ok = [r for r in b_by_id[cid] if r.get("status") == "ok"]
@@ -501,7 +508,7 @@ def compare_loaded(bases: Sequence[Run], cands: Sequence[Run], threshold_pct: fl
                 c.verdict = NO_VERDICT
     order = {v: i for i, v in enumerate(VERDICTS)}
     result.cases.sort(key=lambda c: (order[c.verdict], -abs(c.change_pct or 0.0), c.case_id))
-    result.warnings = _warnings(bases, cands)
+    result.warnings = _warnings(bases, cands) + result.warnings
     if unflagged:
         result.warnings.append(
             f"{unflagged} compared case{'s have' if unflagged != 1 else ' has'} throttled samples that the record "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..results import kept_samples, load_meta, load_records
+from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
 
 # Case axes, in the order a person reads them.  ``seed`` and ``extra`` are
 # not varied axes for plotting purposes (extra is shown in the table).
@@ -50,6 +50,7 @@ class Run:
     path: Path
     meta: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
+    lost: list[LostLine] = field(default_factory=list)  # lines of records.jsonl that are not records
 
     @property
     def run_id(self) -> str:
@@ -113,6 +114,19 @@ class Run:
         return None
 
     @property
+    def not_reached(self) -> dict[str, list[str]]:
+        """The cases the run was to record and did not (an interrupted or aborted run), by suite
+        group; empty for a finished run and for a run whose meta.json does not list its cases."""
+        return not_reached(self.meta, (r.get("case_id") for r in self.records)) or {}
+
+    @property
+    def n_expected(self) -> int:
+        """How many cases the run was to record: its records and the cases not reached (a run
+        that predates the list: ``num_cases``, if larger)."""
+        listed = len(self.records) + sum(map(len, self.not_reached.values()))
+        return max(listed, int(num(self.meta.get("num_cases")) or 0))
+
+    @property
     def started_at(self) -> str:
         return str(self.meta.get("started_at") or "")
 
@@ -128,12 +142,11 @@ def load_run(run_dir: str | Path) -> Run:
         raise BadRunError(f"{path}: not a ple_bench run (no meta.json)")
     try:
         meta = load_meta(path)
-        records = load_records(path)
+        lost: list[LostLine] = []
+        records = load_records(path, lost=lost)
     except (OSError, ValueError) as exc:
         raise BadRunError(f"{path}: unreadable run ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise BadRunError(f"{path}: meta.json is not an object")
-    return Run(path=path, meta=meta, records=[normalize(r) for r in records if isinstance(r, dict)])
+    return Run(path=path, meta=meta, records=[normalize(r) for r in records], lost=lost)
 
 
 def path_label(record: dict[str, Any]) -> str:

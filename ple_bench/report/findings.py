@@ -99,13 +99,16 @@ def _steps(run: Run) -> list[dict[str, Any]]:
 
 def status_finding(run: Run) -> list[Finding]:
     counts = status_counts(run.records)
-    total = len(run.records)
+    total = run.n_expected
     if total == 0:
         return [Finding("status", "The run holds no records.", "warn")]
     text = f"{counts['ok']} of {total} cases measured"
     rest = [f"{counts[s]} {s}" for s in ("skipped", "failed", "invalid") if counts.get(s)]
+    missing = total - len(run.records)
+    if missing:
+        rest.append(f"{missing} not reached")
     if rest:
-        text += "; " + ", ".join(rest) + " (reasons under “Not measured”)"
+        text += "; " + ", ".join(rest) + " (listed under “Not measured”)"
     text += "."
     level = "warn" if counts.get("failed") or counts.get("invalid") else "info"
     if run.meta.get("status") not in (None, "complete"):

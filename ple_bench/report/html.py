@@ -1,4 +1,4 @@
-"""The HTML report of one run: ``reports/<run_id>/index.html``.
+"""The HTML report of one run: ``reports/<run folder name>/index.html``.
 
 Built from the stored records alone (never measures): run metadata and
 ceilings, findings in plain words, inline PNG plots, an optional trend over
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -505,7 +506,8 @@ def key_plots(plots: Sequence[Any]) -> list[Any]:
 
 def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
                  history_dirs: Sequence[str | Path] | None = None) -> Path:
-    """Write ``<reports_dir>/<run_id>/index.html`` for a stored run; returns its path."""
+    """Write ``<reports_dir>/<run folder's name>/index.html`` for a stored run (:func:`report_dir`);
+    returns its path."""
     from .plots import make_plots
 
     run = load_run(run_dir)
@@ -543,14 +545,36 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
         statuses=[s for s in counts if counts[s]],
         not_measured=not_measured, nm_columns=nm_columns, nm_rows=table_rows(nm_columns, not_measured),
         nm_statuses=[s for s in ("skipped", "failed", "invalid") if counts.get(s)],
+        n_not_reached=sum(map(len, run.not_reached.values())),
+        resume_command=shlex.join(["python", "-m", "ple_bench", "run", "--resume", str(run.path)]),
     )
-    out_dir = Path(reports_dir) / _safe_name(run.run_id)
+    out_dir = report_dir(run.path, reports_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SOURCE_FILE).write_text(str(run.path.resolve()) + "\n", encoding="utf-8")
     out = out_dir / "index.html"
     tmp = out.with_suffix(".html.tmp")
     tmp.write_text(html, encoding="utf-8")
     os.replace(tmp, out)
     return out
+
+
+#: beside a report: the run folder it was built from (a second folder of the same name is refused)
+SOURCE_FILE = "run_dir.txt"
+
+
+def report_dir(run_dir: str | Path, reports_dir: str | Path) -> Path:
+    """Where the report of ``run_dir`` goes: ``<reports_dir>/<the run folder's name>``, named after
+    the folder (not meta.json's run_id, which a copy shares).  A report there built from another
+    folder of the same name is not overwritten: :class:`BadRunError`."""
+    run_dir = Path(run_dir).resolve()
+    out_dir = Path(reports_dir) / _safe_name(run_dir.name)
+    source = out_dir / SOURCE_FILE
+    if source.is_file():
+        other = source.read_text(encoding="utf-8").strip()
+        if other and Path(other) != run_dir:
+            raise BadRunError(f"{out_dir} holds the report of {other}, another run folder of the same name: "
+                              f"give this one ({run_dir}) its own --reports-dir")
+    return out_dir
 
 
 def _safe_name(name: str) -> str:
@@ -584,7 +608,8 @@ def history_runs(run_dir: str | Path, last: int) -> list[Path]:
 
 def add_report_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("run_dir", help="a stored run: results/<run_id>")
-    parser.add_argument("--reports-dir", default="reports", help="where reports go (default: reports)")
+    parser.add_argument("--reports-dir", default="reports",
+                        help="where reports go (default: reports): <reports-dir>/<the run folder's name>/index.html")
     parser.add_argument("--history", nargs="*", default=[], metavar="RUN_DIR",
                         help="earlier runs for the trend section")
     parser.add_argument("--history-last", type=int, default=0, metavar="N",

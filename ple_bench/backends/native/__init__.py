@@ -1,6 +1,7 @@
 """Native (C++) pieces of the host paths, built on first use with torch's
 extension builder and cached per machine (``~/.cache/torch_extensions``, or
-``TORCH_EXTENSIONS_DIR``).
+``TORCH_EXTENSIONS_DIR``): one build per source, flags, compiler and torch, shared by
+every process and checkout (:func:`build_dir`, :func:`_source_in`).
 
 Only the CPU gather's direct path has one: :func:`host_gather_module` gives the
 module with ``HostGather`` (host_gather.cpp), or None when it cannot be had -- no
@@ -30,12 +31,46 @@ def native_status() -> str:
     return _status["host_gather"]
 
 
-def _module_name() -> str:
-    """The build's name carries a hash of the source and flags: two checkouts of different
-    versions (or one switched between them) keep one build each in the shared cache, instead
-    of rebuilding over each other -- and one process loading the other's build."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def _module_name(source: bytes | None = None) -> str:
+    """The build's name: a hash of everything the build depends on -- the source's bytes, the
+    flags, the compiler, the torch and the Python it is built against -- so two checkouts of
+    different versions, two environments or two compilers keep one build each, instead of
+    rebuilding over each other (or one process loading the other's build)."""
+    import torch  # noqa: PLC0415
+
+    key = [source if source is not None else SOURCE.read_bytes(), " ".join(CFLAGS).encode(), _compiler().encode(),
+           torch.__version__.encode(), str(Path(torch.__file__).parent).encode(), sys.version.encode()]
+    digest = hashlib.sha256(b"\0".join(key)).hexdigest()[:12]
     return f"ple_bench_host_gather_{digest}"
+
+
+def build_dir(name: str) -> Path:
+    """Where the build named ``name`` lives: ``$TORCH_EXTENSIONS_DIR/<name>``, or torch's default
+    root (``~/.cache/torch_extensions``)``/<name>``.  Given to torch's builder, so that it does not
+    depend on what the builder would pick in each process."""
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / name
+
+
+def _source_in(build: Path) -> Path:
+    """The source, copied into the build folder (written only when it differs): ninja decides on
+    the source's path and mtime, and those of the package's file change with every checkout
+    (another worktree, a git checkout rewriting the file) while its bytes -- the build's name --
+    do not.  The copy's path and mtime change only with its bytes, so one build serves them all."""
+    data = SOURCE.read_bytes()
+    build.mkdir(parents=True, exist_ok=True)
+    copy = build / SOURCE.name
+    if not copy.exists() or copy.read_bytes() != data:
+        tmp = copy.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, copy)
+    return copy
 
 
 def _ninja_on_path() -> bool:
@@ -67,7 +102,10 @@ def host_gather_module():
 
     t0 = time.perf_counter()
     try:
-        mod = cpp_extension.load(name=_module_name(), sources=[str(SOURCE)], extra_cflags=CFLAGS, verbose=False)
+        name = _module_name()
+        build = build_dir(name)
+        mod = cpp_extension.load(name=name, sources=[str(_source_in(build))], extra_cflags=CFLAGS,
+                                 build_directory=str(build), verbose=False)
     except Exception as e:  # noqa: BLE001 - any build failure leaves the Python path
         _status["host_gather"] = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         print(f"ple_bench: the native host gather did not build ({_status['host_gather']}); "
