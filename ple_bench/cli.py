@@ -337,7 +337,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except SuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
-    matches = select_cases(suite.cases, [args.case])
+    matches = select_cases(suite.cases, [args.case], baselines=False)
     if len(matches) != 1:
         ids = ", ".join(c.case_id for c in matches[:5]) or "none"
         print(f"error: --case must match exactly one case of '{suite.name}', matched {len(matches)}: {ids}",

@@ -65,14 +65,15 @@ def order_cases(cases: list[Case]) -> list[Case]:
     return sorted(cases, key=key)
 
 
-def select_cases(cases: list[Case], patterns: list[str]) -> list[Case]:
+def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True) -> list[Case]:
     import fnmatch
 
     if not patterns:
         return cases
     chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.case_id, p) or c.case_id.startswith(p)
                                       for p in patterns)]
-    return with_baselines(chosen)  # a chosen pinned step brings its resident baselines
+    # a chosen pinned step brings its resident baselines (not for a profile of one case)
+    return with_baselines(chosen) if baselines else chosen
 
 
 def table_in_host_memory(impl: str) -> bool | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -332,7 +333,7 @@ def test_advise_without_a_gpu_refuses_in_seconds(tmp_path):
                "--tokens", "64,256,512", "--compute-us", "100", "--results-dir", str(res))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no CUDA GPU" in proc.stderr and "--runs RUN_DIR" in proc.stderr
-    assert "--functional-check runs its 3 cases" in proc.stderr and "Traceback" not in proc.stderr
+    assert re.search(r"--functional-check runs its \d+ cases", proc.stderr) and "Traceback" not in proc.stderr
     assert not res.exists() and time.monotonic() - started < 60
 
 
