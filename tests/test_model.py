@@ -380,3 +380,27 @@ def test_printed_vs_hbm_is_the_ratio_of_the_two_printed_rows(archived_advice):
             assert float(pct.split()[0]) == pytest.approx(100 * (step / b - 1), abs=tol), ln
             compared += 1
     assert compared > 20
+
+
+def test_a_resident_steps_host_sync_twin_is_the_host_timed_baseline():
+    """A resident event-timed step that also recorded its host-sync time (step_host_sync_ms) gives the
+    host-timed pinned paths their like-for-like resident row."""
+    from ple_bench.report.advise_model import WhatIf, options_at
+
+    recs = [r for r in synthetic() if r["kind"] == "step"]
+    host = [dict(r, timer="host_sync", case_id=r["case_id"] + ".host", step_ms=r["step_ms"] + 0.2)
+            for r in recs if r["impl"] != "device"]
+    for r in recs:
+        r["timer"] = "cuda_event"
+        if r["impl"] == "device":
+            r["step_host_sync_ms"] = r["step_ms"] + 0.05
+    m = build_model(recs + host, [], row_bytes=160)
+    opts = options_at(m, tokens=256, heads=16, table_bytes=8 * GIB, compute_us=200.0, w=WhatIf(), hbm_bytes=None,
+                      host_bytes=None, row_bytes=160)
+    base = next(o for o in opts if o.placement == "HBM" and o.timer == "host_sync")
+    assert base.source == "measured" and base.case_id.endswith("#host_sync")
+    dev = next(o for o in opts if o.placement == "HBM" and o.timer == "cuda_event")
+    assert base.step_ms == pytest.approx(dev.step_ms + 0.05)
+    hs = [o for o in opts if o.placement != "HBM" and o.timer == "host_sync"]
+    assert hs and all(o.baseline == base.path_id and o.overhead_pct == pytest.approx(100 * (o.step_ms / base.step_ms - 1))
+                      for o in hs)

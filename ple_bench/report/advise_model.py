@@ -103,25 +103,12 @@ def _measured(model: Model, fit: PathFit, rows: int, table_bytes: int, compute_u
 
 def resident_baseline(o: ModelOption, resident: Sequence[ModelOption]) -> tuple[ModelOption | None, str]:
     """The resident row a server would run instead of ``o``: ids on the device, ``o``'s timer and
-    id distribution, the fastest of its graph modes and kernels; (row, note).  Where the runs hold
-    no such row on ``o``'s timer: the same with ``o``'s ids placement, then any id distribution
-    (the note says which); never another timer's row (None)."""
-    same_timer = [r for r in resident if r.timer == o.timer]
-    tries = ((lambda r: r.ids_on == "device" and r.ids == o.ids, ""),
-             (lambda r: r.ids_on == o.ids_on and r.ids == o.ids,
-              f"no {o.timer} resident step with ids on the device: against one with ids on the {o.ids_on}"),
-             (lambda r: r.ids_on == "device",
-              f"no {o.timer} resident step with {o.ids} ids: against {{ids}} ids"),
-             (lambda r: r.ids_on == o.ids_on,
-              f"no {o.timer} resident step with ids on the device and {o.ids} ids: against ids on the "
-              f"{o.ids_on}, {{ids}} ids"))
-    for keep, note in tries:
-        cands = [r for r in same_timer if keep(r)]
-        if cands:
-            best = min(cands, key=lambda r: r.step_ms)
-            return best, note.format(ids=best.ids)
-    where = "" if o.ids_on == "device" else f" nor on the {o.ids_on}"
-    return None, f"no {o.timer} resident step with ids on the device{where}: no comparison"
+    id distribution, the fastest of its graph modes and kernels; (row, "") -- or (None, why) where
+    the runs hold no such row (never a row of another timer, ids placement or distribution)."""
+    cands = [r for r in resident if r.timer == o.timer and r.ids_on == "device" and r.ids == o.ids]
+    if not cands:
+        return None, f"no resident step with ids on the device, {o.ids} ids, on the {o.timer} timer: no comparison"
+    return min(cands, key=lambda r: r.step_ms), ""
 
 
 def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compute_us: float, w: WhatIf,

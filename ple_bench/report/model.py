@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -144,11 +144,16 @@ class Point:
     step_ms: float
     resident: bool
     host_gather: bool  # rows gathered by host cores (a host_gather ceiling applies)
+    #: a resident event-timed step's host-sync twin (``step_host_sync_ms``): its step on the host
+    #: clock, its compute and lookup as the events measured them
+    host_twin: bool = False
 
 
 def step_points(records: Iterable[dict[str, Any]]) -> list[Point]:
     """The model's points: ok GPU decode steps of one rank with step, compute and lookup times; the
-    newest run's measurement of each case (run ids sort by date)."""
+    newest run's measurement of each case (run ids sort by date).  A resident step timed by CUDA
+    events that also recorded ``step_host_sync_ms`` gives a second point on the ``host_sync``
+    timer (its host-sync twin: the resident step a host-timed path is compared with)."""
     newest: dict[str, dict[str, Any]] = {}
     for r in sorted(records, key=lambda r: str(r.get("_run_id", ""))):
         if (r.get("status") != "ok" or r.get("kind") != "step" or r.get("mode", "gpu") == "functional"
@@ -167,6 +172,9 @@ def step_points(records: Iterable[dict[str, Any]]) -> list[Point]:
                          compute_ms=float(r["compute_ms"]), lookup_ms=float(r["lookup_ms"]),
                          step_ms=float(r["step_ms"]), resident=device_resident(r),
                          host_gather=_host_gather(r)))
+        if out[-1].resident and out[-1].key.timer == "cuda_event" and num(r.get("step_host_sync_ms")):
+            out.append(replace(out[-1], key=out[-1].key._replace(timer="host_sync"), host_twin=True,
+                               case_id=out[-1].case_id + "#host_sync", step_ms=float(r["step_host_sync_ms"])))
     return out
 
 
@@ -337,7 +345,12 @@ class ComputeFit:
 def compute_fit(points: Sequence[Point], key: PathKey) -> ComputeFit | None:
     """compute_ms = c0 + c1 compute_us + c2 rows (c1, c2 >= 0) over the steps of ``key``'s timer,
     graph mode and id placement; else its timer and graph mode; else its timer (never another
-    timer's).  None: fewer than 4 such steps at 2+ compute lengths."""
+    timer's, nor a host-sync twin's, whose compute the events timed).  None: fewer than 4 such
+    steps at 2+ compute lengths, or ``key`` the path of host-sync twins (it fits its own line on
+    its event-timed compute; its residual takes the host clock's extra)."""
+    if any(p.host_twin and p.key == key for p in points):
+        return None
+    points = [p for p in points if not p.host_twin]
     levels = (("timer, graph, ids placement", lambda p: (p.key.timer, p.key.graph, p.key.ids_on)
                == (key.timer, key.graph, key.ids_on)),
               ("timer, graph", lambda p: (p.key.timer, p.key.graph) == (key.timer, key.graph)),
