@@ -16,7 +16,8 @@ lookup of no rows takes no negative time).
 * **compute** ``C = c0 + c1 · compute_us + c2 · rows`` -- on ``compute_ms`` (the step without its
   lookup) over every path of the same timer, graph mode and id placement (falling back to the
   same timer and graph mode, then the same timer -- never across timers; a path with fewer pooled
-  steps fits its own line): the compute does not depend on the lookup path.  ``C >= 0``.
+  steps, or a resident step's host-sync twin, fits its own): the compute does not depend on the
+  lookup path.  ``C >= 0``.
 * **lookup alone** ``L = l0 + l1 · rows · (table / 32 GiB)^δ`` -- on the path's ``lookup_ms``.
   ``δ`` is how the row rate falls with the table (TLB / page-walk reach): fitted from the runs'
   lookup records of pinned kernel paths at several table sizes (≥ 4 GiB), and from the
@@ -346,8 +347,9 @@ def compute_fit(points: Sequence[Point], key: PathKey) -> ComputeFit | None:
     """compute_ms = c0 + c1 compute_us + c2 rows (c1, c2 >= 0) over the steps of ``key``'s timer,
     graph mode and id placement; else its timer and graph mode; else its timer (never another
     timer's, nor a host-sync twin's, whose compute the events timed).  None: fewer than 4 such
-    steps at 2+ compute lengths, or ``key`` the path of host-sync twins (it fits its own line on
-    its event-timed compute; its residual takes the host clock's extra)."""
+    steps at 2+ compute lengths, or ``key`` the path of host-sync twins (it fits its own compute
+    -- c0 + c1 compute_us + c2 rows, bounded -- on its event-timed compute; its residual takes the
+    host clock's extra)."""
     if any(p.host_twin and p.key == key for p in points):
         return None
     points = [p for p in points if not p.host_twin]
@@ -417,8 +419,14 @@ def fit_path(points: Sequence[Point], rates: Rates, compute: ComputeFit | None) 
     cu = [p.compute_us for p in points]
     if compute is not None:
         c0, c1, c2, csrc = compute.c0, compute.c1, compute.c2, compute.source
-    else:  # too few steps to pool: this path's own line
+    elif len(set(cu)) >= 2 and len({p.rows for p in points}) >= 2:  # not pooled: this path's own plane
+        c0, c1, c2 = bounded_fit([[1.0, p.compute_us, p.rows] for p in points], [p.compute_ms for p in points],
+                                 free=(0,))
+        csrc = f"the path's own {len(points)} steps"
+    else:  # its own line (one row count or one compute length)
         (c0, c1), c2 = _line(cu, [p.compute_ms for p in points], intercept_free=True), 0.0
+        if len(set(cu)) < 2:
+            c0, c2 = _line([p.rows for p in points], [p.compute_ms for p in points], intercept_free=True)
         csrc = f"the path's own {len(points)} steps"
     delta = _delta(p0, rates)
     eff = [_eff_rows(p.rows, p.table_bytes, delta) for p in points]
