@@ -164,3 +164,243 @@ def test_a_prefetch_cannot_hide_the_etp_reduce():
     assert one.exposed_ms == pytest.approx(0.0)  # the local lookup hides behind 0.21 ms of compute
     assert four.reduce_ms == pytest.approx(red) and four.exposed_ms == pytest.approx(red)
     assert four.step_ms - four.compute_ms == pytest.approx(red)
+
+
+# ------------------------------------------------------------------ bounded fits, floors, honest error
+
+def _step(impl, tokens, *, lookup, compute_ms, step, table=32 * GIB, compute_us=200.0, timer="host_sync",
+          ids="uniform", ids_on="device", prefetch=True, graph="breakable", run="20261201-000000-synthetic"):
+    return {"case_id": f"step.{impl}.{timer}.{ids}.{ids_on}.{prefetch}.{graph}.{table}.{tokens}.{compute_us}",
+            "status": "ok", "kind": "step", "mode": "gpu", "world_size": 1, "impl": impl, "kernel": "",
+            "prefetch": prefetch, "ids_on": ids_on, "graph": graph, "timer": timer, "ids": ids,
+            "host_alloc": "" if impl == "device" else "torch", "num_tokens": tokens, "num_heads": 16,
+            "rows": tokens * 16, "row_bytes": 160, "table_bytes": table, "compute_us": compute_us,
+            "compute_ms": compute_ms, "lookup_ms": lookup, "step_ms": step, "_run_id": run}
+
+
+#: the host-gather ceilings of a run's meta.json: 1 K rows in 0.035 ms ... 64 K rows in 0.62 ms
+HOST_GATHER = {f"{32 * GIB}:{rows}:160": {"ms": ms, "rows": rows, "row_bytes": 160, "table_bytes": 32 * GIB,
+                                          "threads": 16, "timer": "host_sync"}
+               for rows, ms in ((1024, 0.035), (8192, 0.116), (65536, 0.62))}
+META = {"ceilings": {"h2d_gbps": 55.0, "d2d_gbps": 4000.0, "host_gather": HOST_GATHER}}
+
+
+def noisy_cpu_gather():
+    """The device-ids CPU gather as a user's trial measured it: four noisy points whose lookup (and
+    compute, and step) fall with the rows -- an unconstrained line has negative per-row slopes."""
+    pts = [(64, 0.30, 0.235, 0.36), (256, 0.29, 0.232, 0.35), (512, 0.21, 0.226, 0.33), (1024, 0.20, 0.224, 0.31)]
+    recs = [_step("pinned_cpu_gather", t, lookup=lk, compute_ms=c, step=st, compute_us=cu)
+            for t, lk, c, st in pts for cu in (200.0,)]
+    recs += [_step("pinned_cpu_gather", t, lookup=lk, compute_ms=c - 0.1, step=st - 0.1, compute_us=100.0)
+             for t, lk, c, st in pts]
+    return recs
+
+
+def test_noisy_points_get_no_negative_slope_and_no_step_below_its_floor():
+    import numpy as np
+
+    from ple_bench.report.model import physical_floor
+
+    recs = noisy_cpu_gather()
+    rows = [r["rows"] for r in recs]
+    # the trap is real: least squares on these points gives negative per-row slopes
+    assert np.polyfit(rows, [r["lookup_ms"] for r in recs], 1)[0] < 0
+    X = np.array([[1.0, r["compute_us"], r["rows"]] for r in recs])
+    assert np.linalg.lstsq(X, [r["compute_ms"] for r in recs], rcond=None)[0][2] < 0
+    m = build_model(recs, [META], row_bytes=160)
+    (f,) = m.fits.values()
+    assert min(f.l1, f.c1, f.c2, f.e1) >= 0 and f.l0 >= 0
+    fastest = 65536 / 0.62e-3  # rows/s: the fastest host_gather ceiling above
+    for tokens in (2048, 4096):
+        n = tokens * 16
+        pr = predict(f, m.rates, rows=n, table_bytes=32 * GIB, compute_us=200.0)
+        assert pr.extrapolated and any("rows" in o for o in pr.outside)
+        # the host-gather ceiling binds: n rows at the fastest measured rate, and h2d
+        assert pr.lookup_ms >= n / fastest * 1e3 - 1e-12 and pr.lookup_ms >= n * 160 / 55e6 - 1e-12
+        assert pr.lookup_ms > 0.3  # above every lookup measured (0.20-0.30 ms at 1-16 K rows)
+        assert pr.step_ms >= pr.compute_ms > 0
+        assert pr.floors and "host-gather ceiling" in pr.floors[0]
+    assert physical_floor(f, m.rates, 4096 * 16)[0] == pytest.approx(4096 * 16 / fastest * 1e3)
+
+
+def test_a_lookup_never_predicts_below_the_smallest_it_measured_at_fewer_rows():
+    from ple_bench.report.model import PathFit
+
+    # a fit whose line dips below what was measured at fewer rows (a steep intercept, no slope)
+    fit = PathFit(key=("pinned_uva", "", False, "device", "breakable", 0, 0), c0=0.1, c1=0.0, c2=0.0, l0=0.01,
+                  l1=0.0, e0=0.0, e1=0.0, n=2, tables=(32 * GIB, 32 * GIB), rows=(1024, 4096), computes=(0, 0),
+                  resident=False, host_gather=False, prefetch=False, row_bytes=160,
+                  measured=((1024, 32 * GIB, 0.05), (4096, 32 * GIB, 0.08)))
+    pr = predict(fit, Rates(), rows=8192, table_bytes=32 * GIB, compute_us=0.0)
+    assert pr.lookup_ms == pytest.approx(0.05) and "smallest it measured" in pr.floors[0]
+    # a smaller table than any measured is not held to them (its rows are cheaper)
+    assert predict(fit, Rates(), rows=8192, table_bytes=GIB, compute_us=0.0).lookup_ms == pytest.approx(0.01)
+
+
+def test_leave_one_out_holds_out_a_configuration_group_with_its_ids_twin():
+    """One configuration (one table, one compute) measured 50 % slow at every token count, and its
+    twin that differs only in the id distribution measured the same: leaving one step out at a time
+    with the twin in the fit predicted it from the twin (error ~0); the group and its twin left out
+    together predict it from the other configurations (error ~33 %)."""
+    from ple_bench.report.model import config_group, leave_one_out, step_points
+
+    recs = synthetic()
+    twin = [dict(r, ids="ngram", case_id=r["case_id"] + ".ngram") for r in recs if r["kind"] == "step"]
+    for r in recs + twin:
+        r.setdefault("ids", "uniform")
+    recs += twin
+    slow = [r for r in recs if r["kind"] == "step" and r["impl"] == "pinned_uva" and r["prefetch"]
+            and r["table_bytes"] == 8 * GIB and r["compute_us"] == 50.0]
+    assert len(slow) == 8  # 4 token counts, both id distributions
+    for r in slow:
+        for k in ("compute_ms", "lookup_ms", "step_ms"):
+            r[k] *= 1.5
+    m = build_model(recs, [], row_bytes=160)
+    pts = {p.case_id: p for p in step_points(recs)}
+    assert len({config_group(pts[r["case_id"]]) for r in slow}) == 2  # the ids split the groups
+    errs = {c.case_id: c.rel_err for c in leave_one_out(m.points, m.rates)}
+    assert min(errs[r["case_id"]] for r in slow) > 0.2
+    others = [e for cid, e in errs.items() if cid not in {r["case_id"] for r in slow}]
+    assert max(others) < 0.5 and m.extrap_overall.n > 0
+
+
+def test_fits_are_per_timer_and_never_mix():
+    """The same path timed on the host clock: its steps 0.1 ms longer than the CUDA-event ones.
+    Each timer's fit recovers its own law; a pooled fit would sit between them."""
+    from ple_bench.report.model import compute_fit
+
+    recs = synthetic()
+    steps = [r for r in recs if r["kind"] == "step"]
+
+    def on_host(r):  # the same law, the compute 0.1 ms longer on the host clock
+        c = r["compute_ms"] + 0.1
+        exposed = (max(0.0, r["lookup_ms"] - c) if r["prefetch"] else r["lookup_ms"]) + 0.003
+        return dict(r, timer="host_sync", case_id=r["case_id"] + ".host", compute_ms=c, step_ms=c + exposed)
+
+    host = [on_host(r) for r in steps]
+    for r in steps:
+        r["timer"] = "cuda_event"
+    m = build_model(recs + host, [], row_bytes=160)
+    assert {k.timer for k in m.fits} == {"cuda_event", "host_sync"}
+    for timer, extra in (("cuda_event", 0.0), ("host_sync", 0.1)):
+        key = next(k for k in m.fits if k.timer == timer and k.impl == "pinned_uva" and k.prefetch)
+        cf = compute_fit(m.points, key)
+        assert cf.n == len(steps) and "timer" in cf.source
+        pr = predict(m.fits[key], m.rates, rows=256 * 16, table_bytes=8 * GIB, compute_us=200)
+        assert pr.compute_ms == pytest.approx(law("pinned_uva", True, 256 * 16, 8 * GIB, 200)[0] + extra, rel=0.01)
+    assert m.loo_overall.worst_pct < 2  # no timer's steps predicted from the other's
+
+
+def test_vs_hbm_is_against_the_resident_row_of_the_same_timer():
+    from ple_bench.report.advise_model import WhatIf, options_at
+
+    recs = [r for r in synthetic() if r["kind"] == "step"]
+    host = [dict(r, timer="host_sync", case_id=r["case_id"] + ".host", step_ms=r["step_ms"] + 0.2)
+            for r in recs if r["impl"] != "device"]
+    for r in recs:
+        r["timer"] = "cuda_event"
+    m = build_model(recs + host, [], row_bytes=160)
+    opts = options_at(m, tokens=256, heads=16, table_bytes=8 * GIB, compute_us=200.0, w=WhatIf(), hbm_bytes=None,
+                      host_bytes=None, row_bytes=160)
+    ev = [o for o in opts if o.placement != "HBM" and o.timer == "cuda_event"]
+    hs = [o for o in opts if o.placement != "HBM" and o.timer == "host_sync"]
+    assert ev and hs and all("cuda_event" in o.baseline and o.overhead_pct is not None for o in ev)
+    # no host-timed resident step: no comparison (never the event-timed one)
+    assert all(o.overhead_pct is None and o.baseline == "" and "host_sync" in o.baseline_note for o in hs)
+
+
+@pytest.fixture(scope="module")
+def archived_advice(runs):
+    """The model's answer from every archived run at 2048 / 4096 tokens (past every measured step)."""
+    from ple_bench.report.advise_model import WhatIf, model_advice
+    from ple_bench.report.model import load_runs
+
+    records, metas = load_runs(runs)
+    m = build_model(records, metas, row_bytes=160)
+    adv = model_advice(m, table_bytes=int(47.7 * GIB), row_bytes=160, heads=16, tokens=[64, 2048, 4096],
+                       compute_us=200.0, w=WhatIf(), hbm_bytes=None, host_bytes=None)
+    return adv, metas, m.points
+
+
+def adv_points(archived):
+    return archived[2]
+
+
+def test_archived_runs_predict_no_step_below_its_floor(archived_advice):
+    from ple_bench.report.model import KERNEL_FREE_IMPLS
+
+    adv, metas, _ = archived_advice
+    adv_max_tokens = max(p.tokens for p in adv_points(archived_advice))
+    assert adv_max_tokens < 2048
+    h2d = max(m["ceilings"]["h2d_gbps"] for m in metas if (m.get("ceilings") or {}).get("h2d_gbps"))
+    hg = max(v["rows"] / v["ms"] * 1e3 for m in metas for v in ((m.get("ceilings") or {}).get("host_gather") or {})
+             .values() if v.get("row_bytes") == 160)
+    checked = 0
+    for ans in adv.answers:
+        rows = ans.tokens * 16
+        for o in ans.options:
+            if o.source != "predicted":
+                continue
+            assert o.step_ms >= o.compute_ms >= 0, o
+            if o.placement == "pinned host":
+                assert o.lookup_ms >= rows * 160 / (h2d * 1e6) - 1e-12, o
+                if o.path in KERNEL_FREE_IMPLS:
+                    assert o.lookup_ms >= rows / hg * 1e3 - 1e-12, o
+                    checked += 1
+            if ans.tokens > adv_max_tokens:
+                assert o.extrapolated, o  # past every path's measured rows
+    assert checked
+    assert any(a.choice == "HBM" for a in adv.answers if a.tokens >= 2048)
+
+
+def test_printed_vs_hbm_is_the_ratio_of_the_two_printed_rows(archived_advice):
+    import re
+
+    from ple_bench.report.advise import format_model_text
+
+    adv = archived_advice[0]
+    lines = format_model_text(adv)
+    rows = {}
+    pat = re.compile(r"^\s+(\d+) (.{11}) .{34} (on |off) \S+\s+\S+\s+.{5} \S+\s+\S+\s+([\d.]+)\s+([+-]\d+ %)?\s*"
+                     r"(#\d+)?\s+([\d.]+)?\s+(measured|predicted)")
+    compared = 0
+    for ln in lines:
+        if re.match(r"^\d+ tokens per step", ln):
+            rows = {}
+        mt = pat.match(ln)
+        if not mt:
+            continue
+        idx, step, pct, ref, base = mt.group(1), float(mt.group(4)), mt.group(5), mt.group(6), mt.group(7)
+        rows[f"#{idx}"] = step
+        if pct:
+            assert ref and base, ln
+            assert rows.get(ref) == pytest.approx(float(base)) or ref not in rows  # the named row, printed above
+            b = float(base)  # both printed to 0.0005 ms, the percentage to 0.5
+            tol = 0.5 + 100 * 0.0005 * (1 / b + step / b**2)
+            assert float(pct.split()[0]) == pytest.approx(100 * (step / b - 1), abs=tol), ln
+            compared += 1
+    assert compared > 20
+
+
+def test_a_resident_steps_host_sync_twin_is_the_host_timed_baseline():
+    """A resident event-timed step that also recorded its host-sync time (step_host_sync_ms) gives the
+    host-timed pinned paths their like-for-like resident row."""
+    from ple_bench.report.advise_model import WhatIf, options_at
+
+    recs = [r for r in synthetic() if r["kind"] == "step"]
+    host = [dict(r, timer="host_sync", case_id=r["case_id"] + ".host", step_ms=r["step_ms"] + 0.2)
+            for r in recs if r["impl"] != "device"]
+    for r in recs:
+        r["timer"] = "cuda_event"
+        if r["impl"] == "device":
+            r["step_host_sync_ms"] = r["step_ms"] + 0.05
+    m = build_model(recs + host, [], row_bytes=160)
+    opts = options_at(m, tokens=256, heads=16, table_bytes=8 * GIB, compute_us=200.0, w=WhatIf(), hbm_bytes=None,
+                      host_bytes=None, row_bytes=160)
+    base = next(o for o in opts if o.placement == "HBM" and o.timer == "host_sync")
+    assert base.source == "measured" and base.case_id.endswith("#host_sync")
+    dev = next(o for o in opts if o.placement == "HBM" and o.timer == "cuda_event")
+    assert base.step_ms == pytest.approx(dev.step_ms + 0.05)
+    hs = [o for o in opts if o.placement != "HBM" and o.timer == "host_sync"]
+    assert hs and all(o.baseline == base.path_id and o.overhead_pct == pytest.approx(100 * (o.step_ms / base.step_ms - 1))
+                      for o in hs)

@@ -269,29 +269,56 @@ def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
             f"Mixed: pinned host memory at {', '.join(map(str, host))} tokens, HBM at {', '.join(map(str, hbm))}.")
 
 
+def _pct_err(st: dict[str, Any], what: str) -> str:
+    return (f"{what}: median {st['median_pct']:.0f} %, worst {st['worst_pct']:.0f} % ({st['n']} steps)"
+            if st.get("n") else f"{what}: not measured")
+
+
 def format_model_text(m: Any) -> list[str]:
-    lo = m.loo_overall
     lines = [m.verdict, "",
              "the model's ranking at exactly the asked shape: 'measured' = that case was measured (run named), "
-             "'predicted' = the what-if model, with its path's leave-one-out error",
-             f"model error over all measured steps (leave-one-out): median {lo['median_pct']:.0f} %, worst "
-             f"{lo['worst_pct']:.0f} % ({lo['n']} cases)" if lo.get("n") else "model error: not measured"]
+             "'predicted' = the what-if model, with its path's leave-one-out (LOO) and extrapolation (ext) errors "
+             "(median/worst); 'unchecked' = neither error of its path was measured: listed, never recommended; "
+             "'extrapolated' = past the path's measured rows; 'floor' = a floor raised it; 'vs HBM' = against the "
+             "resident row named in 'HBM #' (ids on the device, the same timer and id distribution, its best graph "
+             "mode)",
+             _pct_err(m.loo_overall, "model error, leave-one-out by configuration group (every token count of one "
+                      "path at one table and compute left out together)"),
+             _pct_err(m.extrap_overall or {}, "model error extrapolating (each path's largest token count held "
+                      "out)")]
     w = m.what_if
     if w["etp"] > 1 or w["host_cores"]:
         lines.append(f"what-if: ETP {w['etp']}, {w['nodes']} node(s), link {w['link_gbps'] or '-'} GB/s / "
                      f"{w['link_latency_us']:g} us, host cores {w['host_cores'] or 'as measured'}")
     for ans in m.answers:
         lines += ["", f"{ans.tokens} tokens per step: {ans.recommendation}",
-                  f"  {'#':>2} {'placement':<11} {'path':<34} {'pf':<3} {'ids':<6} {'graph':<9} {'step ms':>8} "
-                  f"{'vs HBM':>8}  source"]
+                  f"  {'#':>2} {'placement':<11} {'path':<34} {'pf':<3} {'ids':<6} {'dist':<7} {'alloc':<5} "
+                  f"{'timer':<10} {'graph':<9} {'step ms':>8} {'vs HBM':>8} {'HBM #':>5} {'HBM ms':>8}  source"]
+        index = {o.path_id: i for i, o in enumerate(ans.options, 1)}
+        notes: dict[str, list[str]] = {}
         for i, o in enumerate(ans.options, 1):
             over = "" if o.overhead_pct is None else f"{o.overhead_pct:+.0f} %"
-            src = (f"measured {o.run_id}" if o.source == "measured" else
-                   f"predicted (LOO median {o.error_median_pct:.0f} %, worst {o.error_worst_pct:.0f} %)"
-                   if o.error_median_pct is not None else "predicted (error not measured)")
+            base = f"#{index[o.baseline]}" if o.baseline in index else ""
+            base_ms = "" if o.baseline_step_ms is None else f"{o.baseline_step_ms:.3f}"
+            if o.placement != "HBM" and o.baseline_note:
+                notes.setdefault(o.baseline_note, []).append(f"#{i}")
+            if o.source == "measured":
+                src = f"measured {o.run_id}"
+            elif not o.checked:
+                src = "predicted, unchecked"
+            else:
+                def pct(what, med, worst, own):
+                    return f"{what} {med:.0f}/{worst:.0f} %" if own and med is not None else f"{what} n/a"
+                src = (f"predicted ({pct('LOO', o.error_median_pct, o.error_worst_pct, 'all paths' not in o.error)}, "
+                       f"{pct('ext', o.extrap_median_pct, o.extrap_worst_pct, 'all paths' not in o.extrap_error)})")
+            if o.source != "measured":
+                src += " extrapolated" if o.extrapolated else ""
+                src += " floor" if o.floors else ""
             fits = "" if o.fits else "  (does not fit its budget)"
             lines.append(f"  {i:>2} {o.placement[:11]:<11} {o.path[:34]:<34} {'on' if o.prefetch else 'off':<3} "
-                         f"{o.ids_on:<6} {o.graph:<9} {o.step_ms:8.3f} {over:>8}  {src}{fits}")
+                         f"{o.ids_on:<6} {o.ids[:7]:<7} {o.host_alloc[:5]:<5} {o.timer[:10]:<10} {o.graph:<9} "
+                         f"{o.step_ms:8.3f} {over:>8} {base:>5} {base_ms:>8}  {src}{fits}")
+        lines += [f"  note {', '.join(rows)}: {n}" for n, rows in notes.items()]
     lines += ["", "what would change it:"] + [f"  - {t}" for t in m.what_would_change]
     lines += ["", "assumptions of the model:"] + [f"  - {t}" for t in m.assumptions]
     return lines

@@ -1,8 +1,10 @@
 """The what-if half of ``advise``: every path the runs measured, priced by the model
 (:mod:`ple_bench.report.model`) at exactly the asked shape -- table size, tokens, compute, ETP
 group, nodes, host cores -- ranked, each number labelled *measured* (that very case was measured)
-or *predicted* (with its path's leave-one-out error), plus the token count and compute at which
-the recommendation would flip ("what would change it")."""
+or *predicted* (with its path's leave-one-out and extrapolation errors; marked *extrapolated*
+past the path's measured rows and *at a floor* where a floor raised it), each pinned row's overhead
+against the resident row a server would run instead (named beside it), plus the token count and
+compute at which the recommendation would flip ("what would change it")."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .model import GIB, Model, PathFit, Point, path_label, predict
+from .model import GIB, Model, PathFit, Point, path_id, path_label, predict
 
 #: an overhead up to this (in %) counts as "as fast as the resident table" (as advise.EQUAL_PCT)
 EQUAL_PCT = 5.0
@@ -33,7 +35,7 @@ class ModelOption:
     ids_on: str
     graph: str
     step_ms: float
-    overhead_pct: float | None
+    overhead_pct: float | None  # vs ``baseline_step_ms`` (the resident row a server would run instead)
     source: str  # "measured" | "predicted"
     error: str  # the path's leave-one-out error, in words ("" when measured)
     error_median_pct: float | None
@@ -45,6 +47,21 @@ class ModelOption:
     exposed_ms: float | None = None
     reduce_ms: float | None = None
     outside: list[str] = field(default_factory=list)
+    timer: str = ""
+    ids: str = ""  # the id distribution
+    host_alloc: str = ""
+    checked: bool = True  # measured, or its path's own error was measured (only these are recommended)
+    path_id: str = ""  # the path, every part of its key (model.path_id)
+    extrapolated: bool = False  # predicted at rows outside the path's measured row range
+    floors: list[str] = field(default_factory=list)  # the floors that raised the prediction
+    extrap_error: str = ""  # the path's extrapolation error, in words
+    extrap_median_pct: float | None = None
+    extrap_worst_pct: float | None = None
+    baseline: str = ""  # the resident row overhead_pct is against (its path_id); "" for none
+    baseline_step_ms: float | None = None
+    baseline_note: str = ""  # where that row is not the exact twin (ids on the device, same distribution)
+    compute_ms: float | None = None  # the step's compute (its floor: a step is never shorter)
+    lookup_floor_ms: float | None = None  # the predicted lookup's floor (physical / smallest measured)
 
 
 @dataclass
@@ -64,6 +81,7 @@ class ModelAdvice:
     loo_overall: dict[str, Any]
     rates: dict[str, Any]
     assumptions: list[str]
+    extrap_overall: dict[str, Any] = field(default_factory=dict)
 
 
 def _placement(fit: PathFit) -> str:
@@ -83,6 +101,16 @@ def _measured(model: Model, fit: PathFit, rows: int, table_bytes: int, compute_u
     return None
 
 
+def resident_baseline(o: ModelOption, resident: Sequence[ModelOption]) -> tuple[ModelOption | None, str]:
+    """The resident row a server would run instead of ``o``: ids on the device, ``o``'s timer and
+    id distribution, the fastest of its graph modes and kernels; (row, "") -- or (None, why) where
+    the runs hold no such row (never a row of another timer, ids placement or distribution)."""
+    cands = [r for r in resident if r.timer == o.timer and r.ids_on == "device" and r.ids == o.ids]
+    if not cands:
+        return None, f"no resident step with ids on the device, {o.ids} ids, on the {o.timer} timer: no comparison"
+    return min(cands, key=lambda r: r.step_ms), ""
+
+
 def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compute_us: float, w: WhatIf,
                hbm_bytes: int | None, host_bytes: int | None, row_bytes: int,
                graph_modes: str = "replayed") -> list[ModelOption]:
@@ -95,64 +123,96 @@ def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compu
     out = []
     for f in fits:
         m = _measured(model, f, rows, table_bytes, compute_us, w)
+        extrapolated, floors, lookup_floor = False, [], None
         if m is not None:
             step, lookup, exposed, red, outside = m.step_ms, m.lookup_ms, m.step_ms - m.compute_ms, 0.0, []
+            compute = m.compute_ms
         else:
             pr = predict(f, model.rates, rows=rows, table_bytes=table_bytes, compute_us=compute_us, etp=w.etp,
                          nodes=w.nodes, link_gbps=w.link_gbps, link_latency_us=w.link_latency_us,
                          host_cores=w.host_cores)
             step, lookup, exposed, red, outside = pr.step_ms, pr.lookup_ms, pr.exposed_ms, pr.reduce_ms, pr.outside
+            extrapolated, floors, compute, lookup_floor = pr.extrapolated, pr.floors, pr.compute_ms, pr.lookup_floor_ms
         if f.resident:
             ok = hbm_bytes is None or shard <= hbm_bytes
         else:
             cache = f.key[6] * row_bytes
             ok = (host_bytes is None or host_share <= host_bytes) and (hbm_bytes is None or cache <= hbm_bytes)
-        err = model.error(f.key)
+        err, ext = model.error(f.key), model.extrap_error(f.key)
         out.append(ModelOption(
             placement=_placement(f), path=path_label(f.key), prefetch=bool(f.key[2]), ids_on=f.key[3],
             graph=f.key[4], step_ms=step, overhead_pct=None, source="measured" if m else "predicted",
             error="" if m else err.text(), error_median_pct=None if m else err.median_pct,
             error_worst_pct=None if m else err.worst_pct, fits=ok, run_id=m.run_id if m else "",
             case_id=m.case_id if m else "", lookup_ms=lookup, exposed_ms=exposed, reduce_ms=red or None,
-            outside=outside))
+            outside=outside, timer=f.key.timer, ids=f.key.ids, host_alloc=f.key.host_alloc, path_id=path_id(f.key),
+            checked=m is not None or err.scope == "path" or ext.scope == "path",
+            extrapolated=extrapolated, floors=floors, extrap_error="" if m else ext.text(),
+            extrap_median_pct=None if m else ext.median_pct, extrap_worst_pct=None if m else ext.worst_pct,
+            compute_ms=compute, lookup_floor_ms=lookup_floor))
     resident = [o for o in out if o.placement == "HBM"]
     for o in out:
         if o.placement == "HBM":
             continue
-        twins = ([r for r in resident if (r.graph, r.ids_on) == (o.graph, o.ids_on)]
-                 or [r for r in resident if r.graph == o.graph] or resident)
-        if twins:
-            o.overhead_pct = 100.0 * (o.step_ms / min(r.step_ms for r in twins) - 1)
+        base, o.baseline_note = resident_baseline(o, resident)
+        if base is not None:
+            o.baseline, o.baseline_step_ms = base.path_id, base.step_ms
+            o.overhead_pct = 100.0 * (o.step_ms / base.step_ms - 1)
     out.sort(key=lambda o: (not o.fits, o.step_ms))
     return out
 
 
-def _choose(options: Sequence[ModelOption], table_gib: float) -> tuple[str, str]:
-    """(choice, recommendation in words)."""
+def _tag(o: ModelOption) -> str:
+    """How far to trust ``o``'s number, in words."""
+    if o.source == "measured":
+        return "measured"
+    out = f"predicted; {o.error}"
+    if o.extrapolated:
+        out += f"; extrapolated past the measured rows, {o.extrap_error}"
+    if o.floors:
+        out += "; at a floor: " + ", ".join(o.floors)
+    return out
+
+
+def _decide(options: Sequence[ModelOption], table_gib: float) -> tuple[str, str, list[ModelOption]]:
+    """(choice, recommendation in words, the options that decided it: the best of each side).
+    Only checked options decide (measured, or their path's own error measured) where any is."""
+    options = [o for o in options if o.checked] or list(options)
     hbm = [o for o in options if o.placement == "HBM" and o.fits]
     pinned = sorted((o for o in options if o.placement != "HBM" and o.fits and o.overhead_pct is not None),
                     key=lambda o: o.overhead_pct)
     if not hbm and not pinned:
-        return "none", "no measured path fits the budgets"
-    tag = lambda o: o.source if o.source == "measured" else f"predicted; {o.error}"  # noqa: E731
+        return "none", "no measured path fits the budgets", []
+    best_hbm = min(hbm, key=lambda o: o.step_ms) if hbm else None
+    deciding = [o for o in (best_hbm, pinned[0] if pinned else None) if o is not None]
     if pinned and (not hbm or pinned[0].overhead_pct <= EQUAL_PCT):
         b = pinned[0]
         why = ("the table does not fit the HBM budget" if not hbm else
                f"within {EQUAL_PCT:.0f} % of HBM — frees {table_gib:.1f} GiB of HBM")
         return "pinned host", (f"{b.placement}: {b.path}, ids on the {b.ids_on}, {b.graph}, prefetch "
-                               f"{'on' if b.prefetch else 'off'}: {b.step_ms:.3f} ms, {b.overhead_pct:+.0f} % over "
-                               f"HBM ({tag(b)}); {why}")
-    best = min(hbm, key=lambda o: o.step_ms)
-    txt = f"HBM: {best.path}, {best.graph}, {best.step_ms:.3f} ms ({tag(best)})"
+                               f"{'on' if b.prefetch else 'off'}, {b.timer}: {b.step_ms:.3f} ms, "
+                               f"{b.overhead_pct:+.0f} % over HBM ({b.baseline_step_ms:.3f} ms) ({_tag(b)}); {why}"), \
+            deciding
+    txt = f"HBM: {best_hbm.path}, {best_hbm.graph}, {best_hbm.timer}, {best_hbm.step_ms:.3f} ms ({_tag(best_hbm)})"
     if pinned:
-        txt += f"; the best pinned path ({pinned[0].path}, ids on the {pinned[0].ids_on}) costs " \
+        txt += f"; the best pinned path ({pinned[0].path}, ids on the {pinned[0].ids_on}, {pinned[0].timer}) costs " \
                f"{pinned[0].overhead_pct:+.0f} %"
-    return "HBM", txt
+    return "HBM", txt, deciding
+
+
+def _choose(options: Sequence[ModelOption], table_gib: float) -> tuple[str, str]:
+    """(choice, recommendation in words)."""
+    return _decide(options, table_gib)[:2]
+
+
+def _decide_at(model: Model, tokens: int, compute_us: float, kw: dict[str, Any]) -> tuple[str, list[ModelOption]]:
+    opts = options_at(model, tokens=tokens, compute_us=compute_us, **kw)
+    choice, _txt, deciding = _decide(opts, kw["table_bytes"] / GIB)
+    return choice, deciding
 
 
 def _choice_at(model: Model, tokens: int, compute_us: float, kw: dict[str, Any]) -> str:
-    opts = options_at(model, tokens=tokens, compute_us=compute_us, **kw)
-    return _choose(opts, kw["table_bytes"] / GIB)[0]
+    return _decide_at(model, tokens, compute_us, kw)[0]
 
 
 def _flip_tokens(model: Model, lo: int, hi: int, compute_us: float, kw: dict[str, Any]) -> int:
@@ -167,20 +227,31 @@ def _flip_tokens(model: Model, lo: int, hi: int, compute_us: float, kw: dict[str
     return hi
 
 
+def _extrapolated(deciding: Sequence[ModelOption]) -> str:
+    """'' when no deciding option is extrapolated; else the mark with the measured extrapolation
+    error of those paths beside it."""
+    ext = [o for o in deciding if o.extrapolated]
+    if not ext:
+        return ""
+    errs = "; ".join(f"{o.path} ({o.timer}): {o.extrap_error}" for o in ext)
+    return f"EXTRAPOLATED past the measured rows of {errs}"
+
+
 def what_would_change(model: Model, tokens: Sequence[int], compute_us: float, kw: dict[str, Any]) -> list[str]:
+    """The token counts (1 to 16 K) and the compute lengths (0 to 2 000 us) at which the choice
+    flips; a flip decided by a prediction past its path's measured rows is marked extrapolated,
+    with that path's extrapolation error."""
     out = []
-    measured_max = max((p.tokens for p in model.points), default=0)
-
-    def beyond(t: int) -> str:
-        return f", beyond the {measured_max} tokens measured" if t > measured_max else ""
-
     # tokens: scan a doubling grid from 1 to 16 K tokens per step
     grid = sorted({2 ** i for i in range(15)} | set(tokens))
     choices = [(t, _choice_at(model, t, compute_us, kw)) for t in grid]
     for (t0, c0), (t1, c1) in zip(choices, choices[1:]):
         if c0 != c1:
             t = _flip_tokens(model, t0, t1, compute_us, kw)
-            out.append(f"from {_n(t)} tokens per step, {c1} wins (predicted at {compute_us:g} us of compute{beyond(t)})")
+            choice, deciding = _decide_at(model, t, compute_us, kw)
+            mark = _extrapolated(deciding)
+            out.append(f"from {_n(t)} tokens per step, {choice} wins (predicted at {compute_us:g} us of compute"
+                       + (f"; {mark})" if mark else ")"))
     if not out:
         out.append(f"{choices[0][1]} at every token count from 1 to {_n(grid[-1])} (predicted at {compute_us:g} us "
                    "of compute)")
@@ -193,12 +264,17 @@ def what_would_change(model: Model, tokens: Sequence[int], compute_us: float, kw
             continue
         above = [c for c in flips if c > compute_us]
         below = [c for c in flips if c < compute_us]
+        at = min(above) if above else max(below) if below else None
+        if at is None:
+            continue
+        choice, deciding = _decide_at(model, t, float(at), kw)
+        mark = _extrapolated(deciding)
+        mark = f"; {mark}" if mark else ""
         if above:
-            out.append(f"at {t} tokens: with {min(above)} us or more of compute between the lookup's issue and its "
-                       f"use, {_choice_at(model, t, float(min(above)), kw)} wins (predicted)")
-        elif below:
-            out.append(f"at {t} tokens: with {max(below)} us or less of compute, "
-                       f"{_choice_at(model, t, float(max(below)), kw)} wins (predicted)")
+            out.append(f"at {t} tokens: with {at} us or more of compute between the lookup's issue and its "
+                       f"use, {choice} wins (predicted{mark})")
+        else:
+            out.append(f"at {t} tokens: with {at} us or less of compute, {choice} wins (predicted{mark})")
     return out
 
 
@@ -212,8 +288,13 @@ ASSUMPTIONS = [
     "across nodes the inter-node link bounds the all-reduce's bus bandwidth and adds 2 (nodes - 1) link "
     "latencies",
     "host cores scale only the host-gather paths' per-row time (thread fit where gather_threads was varied, "
-    "else linearly), never below one row over the measured host->device bandwidth",
+    "else linearly)",
     "the row rate falls with the table as (table/32 GiB)^delta (delta fitted on the runs' table-size sweeps)",
+    "no lookup below its physical floor (rows x row_bytes over the fastest measured ceiling that binds it: "
+    "host gather / h2d for host paths, d2d for resident tables) nor below the smallest lookup its path measured "
+    "at fewer or equal rows; no step below its compute; every per-row and per-compute slope >= 0",
+    "'vs HBM' is against the resident row a server would run instead: ids on the device, the option's timer "
+    "and id distribution, the fastest graph mode (never a row of another timer)",
 ]
 
 
@@ -246,4 +327,5 @@ def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, 
 
     return ModelAdvice(what_if=asdict(w), answers=answers, verdict=verdict,
                        what_would_change=what_would_change(model, tokens, compute_us, kw),
-                       loo_overall=asdict(model.loo_overall), rates=asdict(model.rates), assumptions=ASSUMPTIONS)
+                       loo_overall=asdict(model.loo_overall), rates=asdict(model.rates), assumptions=ASSUMPTIONS,
+                       extrap_overall=asdict(model.extrap_overall))
