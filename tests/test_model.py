@@ -135,15 +135,18 @@ def test_advise_zero_tokens_exits_2_before_running_anything():
 @pytest.mark.slow
 def test_advise_without_runs_runs_its_cases_and_on_a_cpu_ranks_nothing(tmp_path):
     proc = _cli("--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8", "--heads", "4", "--tokens", "8",
-                "--compute-us", "20", "--results-dir", str(tmp_path))
+                "--compute-us", "20", "--results-dir", str(tmp_path), "--functional-check")
     assert proc.returncode == 0, proc.stderr[-3000:]
     if "functional mode" not in proc.stdout:
         pytest.skip("a GPU machine: the self-run measured and ranked (tests/gpu covers it)")
     (run,) = [p for p in tmp_path.iterdir() if (p / "meta.json").exists()]
     from ple_bench.results import load_records
 
+    from ple_bench.suite import load_suite
+
     recs = load_records(run)
-    assert (run / "advise.toml").exists() and len(recs) == 16  # 12 cases and the resident baselines they need
+    suite = load_suite(run / "advise.toml")  # its cases and the resident baselines they need
+    assert len(recs) == len(suite.cases) and any(c.impl == "device" for c in suite.cases)
     assert all(r["status"] == "ok" and r["mode"] == "functional" for r in recs), \
         [(r["case_id"], r["status"], r["reason"]) for r in recs if r["status"] != "ok"]
     assert "not timings" in proc.stdout
@@ -350,7 +353,6 @@ def test_archived_runs_predict_no_step_below_its_floor(archived_advice):
             if ans.tokens > adv_max_tokens:
                 assert o.extrapolated, o  # past every path's measured rows
     assert checked
-    assert any(a.choice == "HBM" for a in adv.answers if a.tokens >= 2048)
 
 
 def test_printed_vs_hbm_is_the_ratio_of_the_two_printed_rows(archived_advice):
