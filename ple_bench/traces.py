@@ -418,13 +418,14 @@ def text_warmup_ids(corpus: str, lower: bool, num_tokens: int, num_heads: int, v
                     sample_tokens: int | None, seed: int = 0, layout_seed: int = 0) -> np.ndarray:
     """Past traffic for a hot-row cache, ``[T, num_heads]``, from the warm-up region only:
     ``sample_tokens`` tokens in the case's batch shape (the same streams' law on other
-    documents), or the whole region when None."""
+    documents), or the whole region when None or when the sample would not fit in it."""
     trace = load_trace(corpus)
     tokens, space = _hashed_tokens(trace, "warm", lower)
-    if sample_tokens is None:
+    steps = max(1, -(-(sample_tokens or 0) // max(num_tokens, 1)))
+    fits = steps <= (len(tokens) // num_tokens if is_decode(num_tokens) else len(tokens) // num_tokens)
+    if sample_tokens is None or not fits:  # the whole region (a sample larger than it would repeat it)
         pos = np.arange(len(tokens), dtype=np.int64)
     else:
-        steps = max(1, -(-sample_tokens // max(num_tokens, 1)))
         pos = stream_positions(len(tokens), num_tokens, steps, seed).reshape(-1)
     return engram_row_ids(tokens, pos, num_heads, vocab_size, space, layout_seed)
 
