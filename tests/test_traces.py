@@ -221,3 +221,33 @@ def test_prefill_chunks_of_real_text_repeat_rows(tiny_trace):
     uniform = workload.make_id_sets("uniform", 1024, HEADS, VOCAB, 2, seed=1)
     assert traces.batch_traffic(chunk) < 0.3 < 0.9 < traces.batch_traffic(uniform)
     assert traces.batch_traffic(step) > 0.5
+
+
+# --------------------------------------------------------------------- advise --ids
+def test_advise_keeps_the_records_of_the_asked_traffic():
+    from ple_bench.report.advise import AdviseError, records_for_ids
+
+    recs = [{"ids": "zipf:1.10", "case_id": "a"}, {"ids": "text:code", "case_id": "b"},
+            {"ids": "uniform", "case_id": "c"}, {"ids": "TEXT:code", "case_id": "d"}]
+    assert [r["case_id"] for r in records_for_ids(recs, "zipf:1.1")] == ["a"]
+    assert [r["case_id"] for r in records_for_ids(recs, "text:code")] == ["b", "d"]
+    assert records_for_ids(recs, None) == recs
+    with pytest.raises(AdviseError, match=r"no record of ids 'text:prose'.*text:code, uniform, zipf:1.1"):
+        records_for_ids(recs, "text:prose")
+    with pytest.raises(AdviseError, match="--ids: bad ids spec"):
+        records_for_ids(recs, "zipf:-1")
+
+
+def test_advise_cli_refuses_a_bad_ids_with_exit_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = sorted((root / "docs" / "runs").glob("*-paths-*"))[-1]
+    args = ["--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16", "--tokens", "256",
+            "--compute-us", "200", "--runs", str(run)]
+    for ids, msg in (("text:novels", "bad ids spec"), ("text:code", "no record of ids 'text:code'")):
+        r = subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args, "--ids", ids], cwd=root,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
