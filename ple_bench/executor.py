@@ -219,16 +219,28 @@ class CaseExecutor:
 
     def ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
         """The case's ids where ``ids_on`` says: on the device, or in pinned host memory."""
-        from .workload import make_ids
+        return self.id_sets_for(case, topo, 1)[0]
 
+    def _ids_seed(self, case: Case, topo: Topology) -> int:
         dp_rank = topo.coords(self.rank).dp_rank if topo.world_size > 1 else 0
-        on_host = case.ids_on == "host"
-        ids = make_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size,
-                       seed=case.seed + _DP_SEED_STRIDE * dp_rank,
-                       device=torch.device("cpu") if on_host else self.device)
-        if on_host and self.device.type == "cuda":
-            ids = ids.pin_memory()
-        return ids
+        return case.seed + _DP_SEED_STRIDE * dp_rank
+
+    def _placed(self, case: Case, ids: torch.Tensor) -> torch.Tensor:
+        """Ids where ``ids_on`` says: on the device, or in pinned host memory."""
+        if case.ids_on != "host":
+            return ids.to(self.device)
+        return ids.pin_memory() if self.device.type == "cuda" else ids
+
+    def warmup_ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
+        """Past traffic for a hot-row cache (``workload.warmup_ids``): never the measured ids."""
+        from .traces import TraceUnavailable
+        from .workload import warmup_ids
+
+        try:
+            ids = warmup_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size, seed=self._ids_seed(case, topo))
+        except TraceUnavailable as exc:
+            raise SkipCase(f"ids {case.ids}: {exc}") from exc
+        return self._placed(case, ids)
 
     # ------------------------------------------------------------ one case
     def run(self, case: Case, policy) -> dict[str, Any]:
@@ -244,16 +256,16 @@ class CaseExecutor:
             ids = id_sets[0]
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
             if type(backend).warms_cache:
-                # The hot-row cache is filled from *past* traffic: a larger, independent sample of the
-                # same distribution (never the measured ids themselves, which would hit 100% by construction).
-                history = replace(case, seed=case.seed + 104_729, num_tokens=max(4096, 16 * case.num_tokens))
-                backend.warm_cache(self.ids_for(history, topo))
+                # The hot-row cache is filled from *past* traffic (never the measured ids themselves,
+                # which would hit 100% by construction).
+                backend.warm_cache(self.warmup_ids_for(case, topo))
             with _grid_cap(case, backend):
                 if case.kind == "step":
                     rec = self._run_step(case, backend, id_sets, counts, policy, topo)
                 else:
                     rec = self._run_lookup(case, backend, id_sets, counts, policy, topo)
             rec.update(self.table_cost_fields())
+            rec.update(_traffic_fields(case, id_sets))
             return rec
 
     def _prepare_sm_limit(self, case: Case, backend) -> None:
@@ -274,8 +286,17 @@ class CaseExecutor:
             raise SkipCase(str(exc)) from exc
 
     def id_sets_for(self, case: Case, topo: Topology, n: int) -> list[torch.Tensor]:
-        """``n`` independent id sets of the case's distribution (the first is ``ids_for(case)``)."""
-        return [self.ids_for(replace(case, seed=case.seed + 7919 * k), topo) for k in range(max(1, n))]
+        """``n`` id sets of the case's workload (``workload.make_id_sets``: independent draws of a
+        synthetic law, successive steps of real text's streams)."""
+        from .traces import TraceUnavailable
+        from .workload import make_id_sets
+
+        try:
+            sets = make_id_sets(case.ids, case.num_tokens, case.num_heads, case.vocab_size, n,
+                                seed=self._ids_seed(case, topo))
+        except TraceUnavailable as exc:
+            raise SkipCase(f"ids {case.ids}: {exc}") from exc
+        return [self._placed(case, s) for s in sets]
 
     def _lookup_fn(self, case: Case, backend, ids, counts):
         """A call that looks up the next id set (``ids`` is a tensor or a list of them)."""
@@ -587,6 +608,20 @@ def _lockstep(policy):
     n = max(policy.min_samples, min(policy.max_samples, 30))
     return replace(policy, min_samples=n, max_samples=n, max_time_s=1e9, min_time_s=0.0,
                    max_noise=0.0, warmup_ms=0.0, remeasure_unstable=False)
+
+
+def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
+    """What the traffic is: ``unique_rows_fraction`` from the ids looked up, and a real-text
+    trace's provenance (``ids_trace``)."""
+    from . import traces
+    from .workload import parse_ids_spec
+
+    fields: dict[str, Any] = {"unique_rows_fraction": traces.batch_traffic([s.cpu().numpy() for s in id_sets])}
+    spec = parse_ids_spec(case.ids)
+    if spec.kind == "text":
+        fields["ids_trace"] = traces.load_trace(spec.corpus).description + (
+            ", Engram tokenizer compression" if spec.lower else "")
+    return fields
 
 
 def _measurement_fields(meas) -> dict[str, Any]:

@@ -191,6 +191,12 @@ FIELDS: tuple[Field, ...] = (
     _f("lookup_pct_of_host_gather_ceiling", "%", "step", "100 x host_gather_ceiling_ms / lookup_ms"),
     _f("host_thread_ms", "ms", "all", "CPU time of the path's own host threads per lookup"),
     _f("cache_hit_rate", "", "all", "hot-row cache: share of rows served from the GPU cache (0..1)"),
+    _f("unique_rows_fraction", "", "all",
+       "distinct rows / rows of one batch of the ids looked up, the median over the case's id sets "
+       "(1 for uniform ids over a large table; lower where n-grams or hot rows repeat)"),
+    _f("ids_trace", "", "all",
+       "ids text:<corpus>: the trace's text, size, tokens of its measured and warm-up regions and "
+       "tokenizer (ple_bench/traces.py)"),
     _f("gather_impl", "", "all",
        "pinned_cpu_gather: the code that ran its gather and copy -- native (one C++ call: "
        "backends/native/host_gather.cpp), python (the same steps from Python: no compiler or ninja, "

@@ -48,7 +48,8 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   ``{start, stop, step}`` (arithmetic, step > 0), ``{pow2 = [lo, hi]}``
   (2^lo .. 2^hi).
 * ``prefetch`` accepts true/false or "on"/"off".  ``ids`` is "uniform",
-  "zipf:<a>" (a > 0) or "ngram" / "ngram:<orders>" (see :mod:`ple_bench.workload`).
+  "zipf:<a>" (a > 0), "ngram" / "ngram:<orders>" or real text "text:<corpus>[+lower]"
+  (corpus code, docs, prose; see :mod:`ple_bench.workload`, :mod:`ple_bench.traces`).
   ``impl`` is a registered backend name or an import path "pkg.mod:Class"; an
   import path is imported when the suite is loaded and must name a subclass of
   ``ple_bench.backends.PLEEmbedding`` (otherwise the suite is bad: exit 2).

@@ -22,6 +22,14 @@ Specs (see :func:`parse_ids_spec`):
   hashes the n-gram ending at each position with its own multiplicative-XOR
   hash (seeded by ``layout_seed``: fixed across id sets), modulo its range.  Repeated token patterns give repeated ids, as in a
   real model.
+* ``"text:<corpus>"`` / ``"text:<corpus>+lower"`` -- real traffic: Engram's hashed 2- and 3-grams
+  of real text (corpus ``code``, ``docs`` or ``prose``) through DeepSeek's tokenizer, ``+lower``
+  with Engram's tokenizer compression; decode steps of ``num_tokens`` streams, prefill chunks
+  above 512 tokens (:mod:`ple_bench.traces`).  Without the tokenizer or the text:
+  ``traces.TraceUnavailable``.
+
+:func:`make_id_sets` gives a case's id sets (for text: successive steps of the same streams),
+:func:`warmup_ids` the past traffic a hot-row cache learns on (never the measured ids).
 
 Ids are generated on the CPU with numpy's PCG64 (same arguments -> same ids on
 every machine), then moved to ``device``.  :func:`id_stats` summarises an id
@@ -49,9 +57,11 @@ _TAG_UNIFORM, _TAG_ZIPF, _TAG_PERM, _TAG_STREAM, _TAG_HASH = range(1, 6)
 
 @dataclass(frozen=True)
 class IdsSpec:
-    kind: str  # "uniform" | "zipf" | "ngram"
+    kind: str  # "uniform" | "zipf" | "ngram" | "text"
     zipf_a: float = 0.0
     orders: tuple[int, ...] = ()
+    corpus: str = ""  # text: the corpus (traces.CORPORA)
+    lower: bool = False  # text: Engram's tokenizer compression (normalised, lowercased vocabulary)
 
     @property
     def canonical(self) -> str:
@@ -62,10 +72,13 @@ class IdsSpec:
             if self.orders == DEFAULT_NGRAM_ORDERS:
                 return "ngram"
             return "ngram:" + ",".join(str(n) for n in self.orders)
+        if self.kind == "text":
+            return f"text:{self.corpus}" + ("+lower" if self.lower else "")
         return self.kind
 
 
-IDS_HELP = "'uniform', 'zipf:<a>' with a > 0 (e.g. zipf:1.1), 'ngram' or 'ngram:<orders>' (e.g. ngram:2,3)"
+IDS_HELP = ("'uniform', 'zipf:<a>' with a > 0 (e.g. zipf:1.1), 'ngram' or 'ngram:<orders>' (e.g. ngram:2,3), "
+            "'text:<corpus>' or 'text:<corpus>+lower' (corpus code, docs or prose)")
 
 
 def parse_ids_spec(spec: str) -> IdsSpec:
@@ -101,6 +114,14 @@ def parse_ids_spec(spec: str) -> IdsSpec:
                 f"1..{MAX_NGRAM_ORDER}, e.g. ngram:2,3"
             )
         return IdsSpec("ngram", orders=orders)
+    if name == "text":
+        from .traces import CORPORA
+
+        corpus, plus, option = arg.strip().lower().partition("+")
+        if not sep or corpus not in CORPORA or (plus and option != "lower"):
+            raise ValueError(f"bad ids spec {spec!r}: text needs a corpus ({', '.join(CORPORA)}) and "
+                             "optionally '+lower', e.g. text:code or text:prose+lower")
+        return IdsSpec("text", corpus=corpus, lower=bool(plus))
     raise ValueError(f"unknown ids spec {spec!r}; allowed: {IDS_HELP}")
 
 
@@ -123,6 +144,10 @@ def check_ngram_heads(spec: IdsSpec | str, num_heads: int) -> None:
     """n-gram heads are assigned round-robin to the orders: they must divide evenly."""
     if isinstance(spec, str):
         spec = parse_ids_spec(spec)
+    if spec.kind == "text":
+        from .traces import ENGRAM_ORDERS
+
+        spec = IdsSpec("ngram", orders=ENGRAM_ORDERS)
     if spec.kind == "ngram" and num_heads % len(spec.orders):
         raise ValueError(
             f"ids {spec.canonical!r} has {len(spec.orders)} n-gram orders {list(spec.orders)}, "
@@ -149,6 +174,8 @@ def make_ids(
     parsed = parse_ids_spec(spec)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    if parsed.kind == "text":
+        return make_id_sets(spec, num_tokens, num_heads, vocab_size, 1, seed, device, layout_seed)[0]
     ranges = head_ranges(vocab_size, num_heads)
     if max(end - start for start, end in ranges) > _MAX_RANGE:
         raise ValueError(f"head ranges above {_MAX_RANGE} rows are not supported")
@@ -172,6 +199,60 @@ def make_ids(
         tokens = zipf_ranks(stream_rng, NGRAM_TOKEN_ZIPF_A, NGRAM_TOKEN_VOCAB, num_tokens + max_order - 1)
         out[:] = ngram_ids_from_tokens(tokens, num_heads, vocab_size, parsed.orders, layout_seed)[max_order - 1 :]
     return torch.from_numpy(out).to(device)
+
+
+ID_SET_SEED_STRIDE = 7919  # id set k of a synthetic law: seed + k * stride
+WARMUP_SEED_OFFSET = 104_729  # a synthetic warm-up sample: its own seed
+WARMUP_MIN_TOKENS = 4096  # the warm-up sample: at least this many tokens,
+WARMUP_BATCHES = 16  # and at least this many of the case's batches
+
+
+def make_id_sets(
+    spec: str,
+    num_tokens: int,
+    num_heads: int,
+    vocab_size: int,
+    n_sets: int,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    layout_seed: int = 0,
+) -> list[torch.Tensor]:
+    """A case's ``n_sets`` id sets: for a synthetic law independent draws (seed + k x
+    ID_SET_SEED_STRIDE); for text successive decode steps / prefill chunks of the same
+    streams (``seed`` places the streams)."""
+    parsed = parse_ids_spec(spec)
+    n_sets = max(1, n_sets)
+    if parsed.kind != "text":
+        return [make_ids(spec, num_tokens, num_heads, vocab_size, seed + ID_SET_SEED_STRIDE * k, device,
+                         layout_seed) for k in range(n_sets)]
+    from .traces import text_id_sets
+
+    check_ngram_heads(parsed, num_heads)
+    sets = text_id_sets(parsed.corpus, parsed.lower, num_tokens, num_heads, vocab_size, n_sets, seed, layout_seed)
+    return [torch.from_numpy(np.ascontiguousarray(s)).to(device) for s in sets]
+
+
+def warmup_ids(
+    spec: str,
+    num_tokens: int,
+    num_heads: int,
+    vocab_size: int,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    layout_seed: int = 0,
+) -> torch.Tensor:
+    """Past traffic a hot-row cache learns on, ``[T, num_heads]`` with T = max(WARMUP_MIN_TOKENS,
+    WARMUP_BATCHES x num_tokens): for a synthetic law an independent draw of it; for text the same
+    batch shape over the trace's warm-up documents, disjoint from every measured position."""
+    parsed = parse_ids_spec(spec)
+    total = max(WARMUP_MIN_TOKENS, WARMUP_BATCHES * num_tokens)
+    if parsed.kind != "text":
+        return make_ids(spec, total, num_heads, vocab_size, seed + WARMUP_SEED_OFFSET, device, layout_seed)
+    from .traces import text_warmup_ids
+
+    check_ngram_heads(parsed, num_heads)
+    ids = text_warmup_ids(parsed.corpus, parsed.lower, num_tokens, num_heads, vocab_size, total, seed, layout_seed)
+    return torch.from_numpy(np.ascontiguousarray(ids)).to(device)
 
 
 def zipf_ranks(rng: np.random.Generator, a: float, n: int, size: int) -> np.ndarray:

@@ -378,6 +378,39 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
                    help="rank every stable pinned step by its step time (default), or only graph-replayed ones "
                         "where the runs have them")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.add_argument("--ids", help="the traffic the answer is for: only records of this id workload "
+                                 "(e.g. text:code, zipf:1.1, uniform; default: every workload in the runs)")
+
+
+def wanted_ids(ids: str) -> str:
+    """``--ids`` in its canonical spelling; AdviseError for a bad spec."""
+    from ..workload import parse_ids_spec
+
+    try:
+        return parse_ids_spec(ids).canonical
+    except ValueError as exc:
+        raise AdviseError(f"--ids: {exc}") from None
+
+
+def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict[str, Any]]:
+    """The records of id workload ``ids`` (any spelling of it); all of them when ``ids`` is None.
+    AdviseError for a bad spec, or when the runs hold no record of it (naming those they hold)."""
+    from ..workload import parse_ids_spec
+
+    if ids is None:
+        return records
+    want = wanted_ids(ids)
+
+    def canonical(r):
+        try:
+            return parse_ids_spec(str(r.get("ids", "uniform"))).canonical
+        except ValueError:
+            return None
+    kept = [r for r in records if canonical(r) == want]
+    if not kept:
+        have = sorted({c for c in map(canonical, records) if c})
+        raise AdviseError(f"--ids: no record of ids {want!r} in the runs given (they hold: {', '.join(have) or 'none'})")
+    return kept
 
 
 def run_advise(args: argparse.Namespace) -> int:
@@ -421,6 +454,8 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"--host-cores: must be >= 1, got {args.host_cores}")
         if args.compute_us < 0:
             raise AdviseError(f"--compute-us: must be >= 0, got {args.compute_us}")
+        if args.ids is not None:
+            wanted_ids(args.ids)  # a bad spec fails before any self-run
         runs = args.runs
         if runs and args.functional_check:
             raise AdviseError("--functional-check runs advise's own cases: not with --runs")
@@ -446,12 +481,14 @@ def run_advise(args: argparse.Namespace) -> int:
         from .model import build_model, load_runs
 
         records, metas = load_runs(runs)
+        records = records_for_ids(records, args.ids)
         steps = [r for r in records if r.get("status") == "ok" and r.get("kind") == "step"
                  and r.get("mode", "gpu") != "functional"]
         advice = advise(table_bytes=table, dim=args.dim, dtype=args.dtype, heads=args.heads, tokens=tokens,
                         compute_us=args.compute_us, records=steps,
                         hbm_bytes=hbm if args.etp == 1 else None, host_bytes=host if args.nodes == 1 else None,
-                        graph_modes=args.graph)
+                        graph_modes=args.graph,
+                        ids=str(steps[0].get("ids")) if args.ids and steps else None)  # as stored
         model = build_model(records, metas, row_bytes=row_bytes)
         if model.fits:
             w = WhatIf(etp=args.etp, nodes=args.nodes, link_gbps=args.link_gbps,
