@@ -10,8 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -293,11 +291,51 @@ def test_suite_refuses_bad_decoder_axes(tmp_path, body, match):
 
 
 def test_cli_exits_2_for_a_decoder_case_with_a_compute_target(tmp_path):
+    from tests.test_cli import cli
+
     path = _suite(tmp_path, '[[group]]\nkind = "step"\ncompute = "decoder"\ncompute_us = [0, 50]\n')
-    proc = subprocess.run([sys.executable, "-m", "ple_bench", "list", "--suite", str(path)], cwd=REPO,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    proc = cli("list", "--suite", str(path))
     assert proc.returncode == 2, proc.stderr
     assert "compute_us" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_run_records_decoder_steps_in_functional_mode(tmp_path):
+    """``python -m ple_bench run`` of decoder steps on a CPU: each is checked and measured, the pinned
+    step held against its resident decoder step, the compute's figures derived."""
+    from ple_bench import results
+    from tests.test_cli import run_suite_text
+
+    run_dir, meta = run_suite_text(tmp_path, textwrap.dedent("""
+        [suite]
+        description = "decoder steps"
+        [suite.timing]
+        warmup_ms = 0
+        min_samples = 3
+        max_samples = 5
+        max_time_s = 0.2
+        [defaults]
+        kind = "step"
+        vocab_size = 512
+        dim = 16
+        num_heads = 2
+        num_tokens = 4
+        compute = "decoder"
+        decoder_shape = "tiny"
+        context_len = [8, 16]
+        [[group]]
+        variants = [{impl = "device"}, {impl = "pinned_uva", prefetch = true}]
+    """))
+    recs = results.load_records(run_dir)
+    assert len(recs) == 4 and all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs]
+    for r in recs:
+        assert r["mode"] == "functional" and r["compute_bytes"] > r["compute_kv_bytes"] > 0
+        assert r["compute_hbm_gbps"] > 0 and r["compute_slowdown"] is not None
+    kv = {r["context_len"]: r["compute_kv_bytes"] for r in recs if r["impl"] == "device"}
+    assert kv[16] == 2 * kv[8]
+    resident = {r["context_len"]: r["step_ms"] for r in recs if r["impl"] == "device"}
+    for r in (r for r in recs if r["impl"] == "pinned_uva"):  # each against the resident step of its context
+        assert r["offload_baseline"]
+        assert r["offload_overhead"] == pytest.approx(r["step_ms"] / resident[r["context_len"]] - 1)
 
 
 def test_decoder_suite_is_the_paths_comparison_on_the_decoder():
