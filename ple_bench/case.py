@@ -19,6 +19,11 @@ GRAPH_MODES = ("eager", "breakable", "full")
 IDS_ON = ("device", "host")
 #: how a pinned table's host memory is allocated (ple_bench.backends.host_alloc)
 HOST_ALLOC_MODES = ("torch", "exact", "exact_huge")
+#: the decode step's main-stream compute (ple_bench.compute): the calibrated matmul chain,
+#: or real decoder layers at a named shape
+COMPUTE_KINDS = ("matmul", "decoder")
+#: the axes of the decoder compute only (reset to their defaults on other cases)
+DECODER_AXES = ("decoder_shape", "decoder_layers", "context_len")
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,11 @@ class Case:
     ids_on: str = "device"  # device | host: where the ids are when the lookup / step starts
     gather_threads: int = 0  # host-gather threads of the CPU-gather path (0 = the cores torch sees, <= 16)
     host_alloc: str = "torch"  # pinned tables: torch (caching allocator) | exact | exact_huge
+    # the step's compute (kind == "step"): matmul (the chain, compute_us) | decoder (the layers below)
+    compute: str = "matmul"
+    decoder_shape: str = "qwen3-8b"  # a name of ple_bench.compute.DECODER_SHAPES
+    decoder_layers: int = 2  # layers between the lookup's issue and its use
+    context_len: int = 4096  # KV-cache positions per sequence
     extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
 
     @property
@@ -102,7 +112,9 @@ class Case:
             parts.append(self.graph)
         if self.ids != "uniform":
             parts.append(self.ids.replace(":", "").replace(",", ""))
-        if self.kind == "step":
+        if self.kind == "step" and self.compute == "decoder":
+            parts.append(f"dec-{self.decoder_shape}-L{self.decoder_layers}-ctx{self.context_len}")
+        elif self.kind == "step":
             parts.append(f"c{self.compute_us:g}us")
         if self.stream_priority:
             parts.append(f"prio{self.stream_priority}")
@@ -119,6 +131,10 @@ class Case:
         if self.host_alloc != "torch":
             parts.append(self.host_alloc)
         return ".".join(parts) + "-" + digest
+
+    @property
+    def has_compute(self) -> bool:
+        return has_compute(self.axes())
 
     @classmethod
     def from_axes(cls, axes: dict[str, Any]) -> "Case":
@@ -159,6 +175,17 @@ def with_baselines(cases: list[Case]) -> list[Case]:
                 seen.add(base.case_id)
                 out.append(base)
     return out
+
+
+def has_compute(axes: Any) -> bool:
+    """A step's axes (a case's, or a record's) put compute between the lookup's issue and
+    its use: the decoder layers, or a matmul chain of compute_us > 0."""
+    if axes.get("compute") == "decoder":
+        return True
+    try:
+        return float(axes.get("compute_us") or 0) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def _short(impl: str) -> str:

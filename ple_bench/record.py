@@ -236,7 +236,8 @@ FIELDS: tuple[Field, ...] = (
        derived=True),
     _f("compute_slowdown", "", "step",
        "compute_in_step_ms / compute_region_alone_ms - 1 (how much the side-stream lookup slows the compute "
-       "beside it), both timed in compute_region_graph; None without compute (compute_us = 0), and None for a host path's eager step "
+       "beside it), both timed in compute_region_graph; None without compute (compute matmul with compute_us = 0), "
+       "and None for a host path's eager step "
        "(compute_slowdown_note says why: its compute is launched by the thread that does the lookup)",
        derived=True),
     _f("compute_slowdown_note", "", "step",
@@ -273,6 +274,18 @@ FIELDS: tuple[Field, ...] = (
     _f("compute_matmuls", "", "step", "chained matmuls of the compute"),
     _f("compute_target_us", "us", "step", "the compute the calibration aimed at (compute_us)"),
     _f("matmul_us", "us", "step", "one matmul, calibrated"),
+    _f("compute_bytes", "B", "step",
+       "bytes the step without its lookup reads per call: compute decoder, every layer's weights and whole K "
+       "and V caches (decoder_layers x (weights + 2 x context_len x num_tokens x kv_heads x head_dim x element "
+       "size)); compute matmul, compute_matmuls x hidden^2 x element size (its weight ring exceeds the L2 from "
+       "hidden 2048 on a GPU); both plus the consumer's projection (heads x dim x hidden)"),
+    _f("compute_kv_bytes", "B", "step", "the KV-cache part of compute_bytes (0 for the matmul chain)"),
+    _f("compute_hbm_gbps", "GB/s", "step",
+       "compute_bytes / compute_ms (1e9 B/s): the memory bandwidth of the step without its lookup, in the "
+       "case's graph mode", derived=True),
+    _f("compute_pct_of_d2d", "%", "step",
+       "100 x compute_hbm_gbps / meta.json ceilings.d2d_gbps (a device copy, read + write bytes): how "
+       "memory-bound the compute is; None in functional mode or without the ceiling", derived=True),
     # a table in host memory (every case of a backend whose table is in host memory)
     _f("pinned_bytes", "B", "all", "bytes page-locked for this rank's shard (0 in functional mode)"),
     _f("host_table_bytes", "B", "all", "host bytes the allocation reserves"),
@@ -573,7 +586,7 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
                 "ceiling_exceeded", "pct_of_bandwidth_ceiling"):
         rec[key] = None
     if kind == "step":
-        _derive_step(rec, _peers(peers))
+        _derive_step(rec, _peers(peers), ceilings)
         return rec
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     if rec.get("status") != "ok":
@@ -591,7 +604,9 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
     return rec
 
 
-def _derive_step(rec: dict[str, Any], peers: Peers) -> None:
+def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] | None = None) -> None:
+    from .case import has_compute
+
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     _derive_offload(rec, peers)
     if rec.get("status") == "ok" and rec.get("prefetch"):
@@ -602,7 +617,7 @@ def _derive_step(rec: dict[str, Any], peers: Peers) -> None:
             if exposed is not None and twin[1] > 0:
                 rec["overlap_efficiency"] = 1.0 - exposed / twin[1]
     in_step, alone = _num(rec.get("compute_in_step_ms")), _num(rec.get("compute_region_alone_ms"))
-    if not _num(rec.get("compute_us")):
+    if not has_compute(rec):
         rec["compute_slowdown"] = None  # no compute: nothing to slow down
     elif rec.get("compute_slowdown_note"):
         rec["compute_slowdown"] = None  # launches, not the GPU, could be what is slow
@@ -611,6 +626,13 @@ def _derive_step(rec: dict[str, Any], peers: Peers) -> None:
     elif rec.get("status") == "ok" and "compute_region_alone_ms" in rec:
         rec["compute_slowdown"] = None  # measured, but no region to compare
     # else: an upgraded record without the regions keeps its stored figure
+    rec["compute_hbm_gbps"] = rec["compute_pct_of_d2d"] = None
+    nbytes, compute_ms = _num(rec.get("compute_bytes")), _num(rec.get("compute_ms"))
+    if rec.get("status") == "ok" and nbytes and compute_ms and compute_ms > 0:
+        rec["compute_hbm_gbps"] = nbytes / (compute_ms * 1e6)
+        d2d = _num((ceilings or {}).get("d2d_gbps"))
+        if rec.get("mode") in (None, "gpu") and d2d and d2d > 0:
+            rec["compute_pct_of_d2d"] = 100.0 * rec["compute_hbm_gbps"] / d2d
 
 
 _OFFLOAD_KEYS = ("offload_overhead", "offload_baseline", "offload_baseline_ms", "offload_baseline_graph",

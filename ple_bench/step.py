@@ -12,7 +12,11 @@ With ``prefetch=False`` the synchronous ``backend.lookup`` stands where finalize
 is.  ``n`` is calibrated on the device to take about ``compute_us``
 (:meth:`DecodeStep.calibrate_compute`), or given as ``compute_layers``.  The
 weights form a ring larger than the L2 cache so that, as in a real decode step,
-the compute streams its weights from memory.
+the compute streams its weights from memory.  With ``compute="decoder"`` the
+matmul chain is replaced by real decoder layers over KV caches
+(:class:`ple_bench.compute.DecoderCompute`: ``decoder_layers`` layers of
+``decoder_shape``, ``context_len`` cache positions per sequence, one sequence
+per token), measured rather than calibrated.
 
 Where the ids are (``ids_on``): ``device`` -- the static id buffer is on the
 GPU, refilled by a device copy (ids produced by an earlier kernel); ``host`` --
@@ -44,8 +48,11 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .annotate import annotate
+from .case import has_compute
 from .env import resolve_device
 from .backends.synthetic import synthetic_rows
+from .compute import COMPUTE_KINDS, DecoderCompute
+from .compute import decoder_shape as decoder_shape_of
 from .graphs import MODES, BreakableGraph, eager_break
 from .measure.repeat import Stopwatch, repeat_timed
 
@@ -88,12 +95,25 @@ class DecodeStep:
         seed: int = 0,
         graph_factory: Callable[[str], BreakableGraph] | None = None,
         ids_on: str = "device",
+        compute: str = "matmul",
+        decoder_shape: str = "qwen3-8b",
+        decoder_layers: int = 2,
+        context_len: int = 4096,
     ) -> None:
         if ids_on not in ("device", "host"):
             raise ValueError(f"unknown ids_on {ids_on!r}; allowed: device, host")
         if graph not in MODES:
             raise ValueError(f"unknown graph mode {graph!r}; allowed: {MODES}")
-        if (compute_us is None) == (compute_layers is None):
+        if compute not in COMPUTE_KINDS:
+            raise ValueError(f"unknown compute {compute!r}; allowed: {', '.join(COMPUTE_KINDS)}")
+        if compute == "decoder":
+            if compute_us or compute_layers is not None:
+                raise ValueError("compute='decoder' is measured, not targeted: give neither compute_us nor "
+                                 "compute_layers (decoder_layers sets its depth)")
+            shape = decoder_shape_of(decoder_shape)
+            if hidden != shape.hidden:
+                raise ValueError(f"hidden={hidden}: decoder_shape {shape.name!r} has hidden {shape.hidden}")
+        elif (compute_us is None) == (compute_layers is None):
             raise ValueError("give exactly one of compute_us and compute_layers")
         if hidden < 1 or num_tokens < 1:
             raise ValueError(f"hidden and num_tokens must be positive, got {hidden}, {num_tokens}")
@@ -130,6 +150,12 @@ class DecodeStep:
         self.hidden_in = torch.randn(num_tokens, hidden, generator=gen, device=dev).to(act)
         matrix_bytes = hidden * hidden * torch.empty((), dtype=act).element_size()
         ring = max(1, min(MAX_RING, math.ceil(RING_BYTES / matrix_bytes))) if dev.type == "cuda" else 2
+        self.compute_kind = compute
+        self.decoder: DecoderCompute | None = None
+        if compute == "decoder":
+            ring = 0  # no matmul ring: the decoder layers are the compute
+            self.decoder = DecoderCompute(decoder_shape, layers=decoder_layers, context_len=context_len,
+                                          batch=num_tokens, device=dev, dtype=act, seed=seed)
         self.weights = [
             (torch.randn(hidden, hidden, generator=gen, device=dev) / math.sqrt(hidden)).to(act)
             for _ in range(ring)
@@ -153,7 +179,9 @@ class DecodeStep:
         self.graphs: dict[tuple[str, str], BreakableGraph] = {}  # (body, mode) -> captured graph
         self.compute_target_us = compute_us
         self.matmul_us: float | None = None
-        if compute_layers is not None:
+        if self.decoder is not None:
+            self.compute_matmuls = 0
+        elif compute_layers is not None:
             if compute_layers < 0:
                 raise ValueError("compute_layers must be >= 0")
             self.compute_matmuls = int(compute_layers)
@@ -203,7 +231,10 @@ class DecodeStep:
         return self.dp_counts if self.backend.topology.replicas > 1 else None
 
     def compute(self, n: int | None = None) -> torch.Tensor:
-        """The main-stream compute: ``n`` chained matmuls over the weight ring."""
+        """The main-stream compute: ``n`` chained matmuls over the weight ring, or the
+        decoder layers (``compute="decoder"``; ``n`` does not apply)."""
+        if self.decoder is not None:
+            return self.decoder(self.hidden_in)
         n = self.compute_matmuls if n is None else n
         x = self.hidden_in
         bufs = (self._ping, self._pong)
@@ -295,6 +326,21 @@ class DecodeStep:
         self.graphs.clear()
         self._runners.clear()
         self.weights = []
+        if self.decoder is not None:
+            self.decoder.close()
+
+    def compute_record(self) -> dict[str, Any]:
+        """The record fields that say what the compute is: ``compute_bytes`` (what one
+        compute-alone step reads: the matmul chain's weights or the decoder's weights
+        and KV caches, plus the consumer's projection), ``compute_kv_bytes``; for the
+        decoder, the matmul-chain fields are None (nothing is calibrated)."""
+        element = torch.empty((), dtype=self.act_dtype).element_size()
+        proj = self.proj.numel() * element
+        if self.decoder is None:
+            return {"compute_bytes": self.compute_matmuls * self.hidden * self.hidden * element + proj,
+                    "compute_kv_bytes": 0}
+        return {"compute_bytes": self.decoder.bytes_read + proj, "compute_kv_bytes": self.decoder.kv_bytes,
+                "compute_matmuls": None, "compute_target_us": None, "matmul_us": None}
 
     @property
     def embeddings(self) -> torch.Tensor:
@@ -594,20 +640,26 @@ def run_step_case(
     pol = _lockstep(policy) if multi else policy
     host_sync = type(backend).blocks_host or ids_on == "host"
 
+    decoder = getattr(case, "compute", "matmul") == "decoder"
     step = DecodeStep(
-        backend, hidden=case.hidden, num_tokens=sets[0].shape[0], compute_us=case.compute_us,
+        backend, hidden=case.hidden, num_tokens=sets[0].shape[0],
+        compute_us=None if decoder else case.compute_us,
         prefetch=case.prefetch, graph=case.graph, device=device, ids_on=ids_on,
+        **({"compute": "decoder", "decoder_shape": case.decoder_shape, "decoder_layers": case.decoder_layers,
+            "context_len": case.context_len} if decoder else {}),
     )
     try:
         rec = _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
                             measure_fn, host_sync, host_sync_twin)
+        rec.update(step.compute_record())
     finally:
         step.close()
     if sm_limit:
         rec["sm_limit_granted"] = backend.sm_limit_granted
         rec["green_via"] = backend.green_via
     rec["compute_slowdown_note"] = None
-    if type(backend).blocks_host and case.graph == "eager" and case.compute_us:
+    computes = has_compute({"compute": getattr(case, "compute", "matmul"), "compute_us": case.compute_us})
+    if type(backend).blocks_host and case.graph == "eager" and computes:
         # the thread that does the host lookup also launches the eager compute: a slower compute
         # region could be late launches, not a slower GPU -- graph-replayed compute measures it
         rec["compute_slowdown_note"] = (f"{case.impl} does its lookup on the host thread that launches the "

@@ -38,7 +38,7 @@ A suite is a TOML file ``suites/<name>.toml``::
 Axes are exactly the fields of :class:`ple_bench.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
 seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
-gather_threads, host_alloc), plus
+gather_threads, host_alloc, compute, decoder_shape, decoder_layers, context_len), plus
 ``table_bytes`` (an integer or a size string such as ``"64MiB"``/``"32GiB"``;
 a group gives either ``vocab_size`` or ``table_bytes``) and ``extra.<key>`` (free
 axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
@@ -84,8 +84,16 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   :mod:`ple_bench.backends.host_alloc`.  A backend whose table is not in host
   memory (``device``) skips a case with a mode other than "torch", with the
   reason.
-* For ``kind = "lookup"`` the step-only axes ``compute_us`` and ``hidden`` are
-  reset to their defaults (so a mixed group does not repeat a lookup per compute
+* ``compute`` (steps) is "matmul" (default: a chain of square matmuls calibrated
+  to ``compute_us``) or "decoder" (real decoder layers, :mod:`ple_bench.compute`:
+  ``decoder_layers`` >= 1 layers of the named ``decoder_shape`` -- "qwen3-8b",
+  "tiny" -- over KV caches of ``context_len`` >= 1 positions per sequence, one
+  sequence per token).  The decoder's time is measured, not targeted: a decoder
+  case with ``compute_us`` > 0 is an error (filter it with ``exclude``); its
+  ``hidden`` is the shape's (giving another is an error).  Matmul cases reset the
+  decoder axes to their defaults.
+* For ``kind = "lookup"`` the step-only axes (``compute_us``, ``hidden``, and
+  the compute axes) are reset to their defaults (so a mixed group does not repeat a lookup per compute
   time); cases that become equal, within or across groups, are kept once.
 
 Every remaining case is then checked (topology via
@@ -116,7 +124,9 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:  # pragma: no cover
         tomllib = None  # type: ignore[assignment]
 
-from .case import GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case, with_baselines
+from .case import (COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case,
+                   with_baselines)
+from .compute import DECODER_SHAPES
 from .parallel import Topology, TopologyError
 from . import workload
 
@@ -124,7 +134,7 @@ SUITES_ENV = "PLE_BENCH_SUITES_DIR"
 REPO_SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-STEP_ONLY_AXES = ("compute_us", "hidden")
+STEP_ONLY_AXES = ("compute_us", "hidden", "compute") + DECODER_AXES
 MAX_GROUP_PRODUCT = 200_000
 MAX_RANGE_VALUES = 10_000
 
@@ -469,6 +479,10 @@ AXES: dict[str, Callable[[Any], Any]] = {
     "ids_on": _choice(IDS_ON, "ids_on"),
     "gather_threads": _int(0, 256),
     "host_alloc": _choice(HOST_ALLOC_MODES, "host_alloc"),
+    "compute": _choice(COMPUTE_KINDS, "compute"),
+    "decoder_shape": _choice(tuple(DECODER_SHAPES), "decoder_shape"),
+    "decoder_layers": _int(1),
+    "context_len": _int(1),
 }
 # Pseudo-axis: a table size, turned into vocab_size = table_bytes // row_bytes.
 PSEUDO_AXES: dict[str, Callable[[Any], Any]] = {"table_bytes": parse_size}
@@ -904,6 +918,12 @@ class _SuiteParser:
         if axes.get("kind", defaults.kind) == "lookup":
             for key in STEP_ONLY_AXES:
                 axes.pop(key, None)
+        if axes.get("compute", defaults.compute) == "decoder":
+            shape = DECODER_SHAPES[axes.get("decoder_shape", defaults.decoder_shape)]
+            axes.setdefault("hidden", shape.hidden)  # the shape's; another given is refused in _validate
+        else:
+            for key in DECODER_AXES:
+                axes.pop(key, None)
         full = {f.name: getattr(defaults, f.name) for f in dataclasses.fields(Case) if f.name != "extra"}
         full.update(axes)
         env = dict(full, world_size=full["tp"] * full["dp"], replicas=full["etp"] // full["tp"],
@@ -944,6 +964,17 @@ class _SuiteParser:
             raise self.fail(where, f"key 'sm_limit': {axes['sm_limit']} limits the prefetch side stream's SMs "
                                    f"and needs prefetch = true; prefetch is off in case {case} "
                                    "(filter with exclude = [{prefetch = false, sm_limit = [...]}])")
+        if axes["compute"] == "decoder":
+            shape = DECODER_SHAPES[axes["decoder_shape"]]
+            if axes["compute_us"]:
+                raise self.fail(where, f"key 'compute_us': {axes['compute_us']:g} us asked of compute = 'decoder' in "
+                                       f"case {case}; the decoder's time is measured, not targeted (it is set by "
+                                       "decoder_layers, context_len and num_tokens): give compute_us only to "
+                                       "compute = 'matmul' (filter with exclude = [{compute = \"decoder\", "
+                                       "compute_us = [...]}])")
+            if axes["hidden"] != shape.hidden:
+                raise self.fail(where, f"key 'hidden': {axes['hidden']} in case {case}; compute = 'decoder' takes "
+                                       f"decoder_shape {shape.name!r}'s hidden size, {shape.hidden}")
         if axes["vocab_size"] < axes["num_heads"]:
             raise self.fail(where, f"key 'vocab_size': {axes['vocab_size']} rows is fewer than "
                                    f"num_heads={axes['num_heads']}; every head needs rows (case {case})")

@@ -24,6 +24,7 @@ AXES = (
     "kind", "impl", "kernel", "vocab_size", "dim", "dtype", "num_heads", "num_tokens",
     "tp", "etp", "dp", "prefetch", "graph", "ids", "compute_us", "hidden",
     "stream_priority", "grid_frac", "sm_limit", "cache_rows",
+    "compute", "decoder_shape", "decoder_layers", "context_len",
 )
 ALL_AXES = AXES + ("seed", "extra")
 
