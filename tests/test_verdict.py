@@ -74,7 +74,7 @@ def test_the_verdict_is_per_table_size_ids_and_compute_and_says_the_compute_it_h
     assert where.ids == "uniform"  # two steps there, against one n-gram step
     text = banner(recs)
     assert text.startswith("640 MiB table") and "200 us of compute" in text
-    assert "50 us:" in text and "Holds from 200 us of compute" in text
+    assert "50 us of compute: 64: +" in text and "Holds from 200 us of compute" in text
 
 
 def test_two_suites_that_measured_the_same_cases_get_the_same_banner():
@@ -107,3 +107,19 @@ def test_stability_reads_the_interquartile_range_not_outliers():
     wide = {"median_ms": 0.30, "iqr_ms": 0.09, "cv": 0.05}  # a bimodal series: the quartiles are apart
     assert not stable(wide)
     assert not stable({**preempted, "unstable": True})
+
+
+def test_decoder_steps_are_judged_per_context_and_layer_count():
+    from ple_bench.report.verdict import compute_label, compute_of
+
+    recs = []
+    for ctx, base, pinned in ((2048, 1.50, 1.56), (8192, 4.29, 4.30)):
+        kw = dict(compute_us=0.0, compute="decoder", decoder_shape="qwen3-8b", decoder_layers=2, context_len=ctx)
+        recs += [_resident(256, base * 0.99, base, **kw), _rec("pinned_cpu_gather", 256, pinned, **kw)]
+    recs = _run(recs)
+    where = scope(candidates(recs))
+    assert where.compute_us == (("decoder", "qwen3-8b", 2, 8192), ("decoder", "qwen3-8b", 2, 2048))
+    text = banner(recs)
+    assert text.split(":")[0].endswith(compute_label(where.compute_us[0]))  # the longest compute first
+    assert compute_of(recs[-1])[0] == "decoder" and "8192-token" in text.split(":")[0]
+    assert "2048-token KV cache: 256: +" in text

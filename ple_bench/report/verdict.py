@@ -99,11 +99,30 @@ def unstable_candidates(records: Iterable[Mapping[str, Any]]) -> list[Mapping[st
             and num(r.get("offload_baseline_ms")) is not None and id(r) not in kept]
 
 
+def compute_of(r: Mapping[str, Any]) -> Any:
+    """The compute a step hides its lookup behind: ``compute_us`` of the matmul chain, or
+    ``("decoder", shape, layers, context)`` for decoder layers (their time is measured, not set)."""
+    if str(r.get("compute") or "matmul") == "decoder":
+        return ("decoder", str(r.get("decoder_shape")), int(num(r.get("decoder_layers")) or 0),
+                int(num(r.get("context_len")) or 0))
+    return float(num(r.get("compute_us")) or 0.0)
+
+
+def compute_label(c: Any) -> str:
+    if isinstance(c, tuple):
+        return f"{c[2]} {c[1]} decoder layers over a {c[3]}-token KV cache"
+    return f"{c:g} us of compute"
+
+
+def _longest_first(c: Any) -> tuple:
+    return (1, c[2] * c[3], c) if isinstance(c, tuple) else (0, c, ())
+
+
 @dataclass(frozen=True)
 class Scope:
     table_bytes: int
     ids: str
-    compute_us: tuple[float, ...]  # longest first
+    compute_us: tuple[Any, ...]  # compute_of values, longest first
 
 
 def scope(cands: Sequence[Mapping[str, Any]], *, table_bytes: int | None = None, ids: str | None = None) -> Scope | None:
@@ -120,16 +139,17 @@ def scope(cands: Sequence[Mapping[str, Any]], *, table_bytes: int | None = None,
             return None
         ids = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
     at = [r for r in at if str(r.get("ids") or "uniform") == ids]
-    computes = tuple(sorted({float(num(r.get("compute_us")) or 0.0) for r in at}, reverse=True))
+    computes = tuple(sorted({compute_of(r) for r in at}, key=_longest_first, reverse=True))
     return Scope(table_bytes, ids, computes) if at else None
 
 
-def picks(cands: Sequence[Mapping[str, Any]], where: Scope, compute_us: float) -> dict[int, Pick]:
-    """tokens -> the fastest candidate (absolute step time) in ``where`` at ``compute_us``."""
+def picks(cands: Sequence[Mapping[str, Any]], where: Scope, compute_us: Any) -> dict[int, Pick]:
+    """tokens -> the fastest candidate (absolute step time) in ``where`` at ``compute_us``
+    (a :func:`compute_of` value)."""
     best: dict[int, Mapping[str, Any]] = {}
     for r in cands:
         if (int(num(r.get("table_bytes")) or 0) != where.table_bytes or str(r.get("ids") or "uniform") != where.ids
-                or float(num(r.get("compute_us")) or 0.0) != compute_us):
+                or compute_of(r) != compute_us):
             continue
         t = int(num(r.get("num_tokens")) or 0)
         if t not in best or float(r["step_ms"]) < float(best[t]["step_ms"]):
@@ -182,7 +202,7 @@ def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
     yes = all(p.as_fast for p in chosen.values())
     held = holds_from(cands, where)
     worst = max(chosen.values(), key=lambda p: p.overhead_pct)
-    head = (f"{fmt_bytes(where.table_bytes)} table, {where.ids} ids, {c0:g} us of compute: "
+    head = (f"{fmt_bytes(where.table_bytes)} table, {where.ids} ids, {compute_label(c0)}: "
             + ("pinned host memory is as fast as HBM" if yes else "HBM is faster")
             + f" (within {EQUAL_PCT:.0f} %: {'yes' if yes else 'no'}, worst {worst.overhead_pct:+.1f} % at "
             f"{worst.tokens} tokens); pinning frees {fmt_bytes(where.table_bytes)} of HBM.")
@@ -192,13 +212,13 @@ def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
         for c in where.compute_us[1:]:
             at = picks(cands, where, c)
             if at:
-                others.append(f"{c:g} us: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
+                others.append(f"{compute_label(c)}: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
         if others:
             body += " At other compute lengths: " + "; ".join(others) + "."
-    tail = (f" Holds from {held:g} us of compute." if held is not None else
+    tail = (f" Holds from {compute_label(held)}." if held is not None else
             f" Not within {EQUAL_PCT:.0f} % at any compute length measured.")
     return head + body + tail
 
 
 __all__ = ["STABLE_CV", "EQUAL_PCT", "spread", "stable", "Pick", "Scope", "candidates", "unstable_candidates", "scope", "picks",
-           "path_words", "pick_text", "holds_from", "banner"]
+           "path_words", "pick_text", "holds_from", "banner", "compute_of", "compute_label"]
