@@ -8,6 +8,7 @@ result is kept."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
@@ -125,6 +126,25 @@ class WorkerError(RuntimeError):
     pass
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while a worker is started: Ctrl-C at a terminal signals the whole process
+    group, and a worker that got it (still importing, or mid-case) died with a KeyboardInterrupt
+    traceback; the parent handles Ctrl-C and ends its workers itself.  Python keeps an inherited
+    SIG_IGN for SIGINT (it installs its handler only over the default one)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class WorkerPool:
     """``world`` child processes forming one process group."""
 
@@ -139,7 +159,8 @@ class WorkerPool:
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(rank, world, port, child, child_env),
                                daemon=True, name=f"ple_bench-rank{rank}")
-            proc.start()
+            with _sigint_ignored():  # the child starts with it ignored, and Python keeps it so
+                proc.start()
             child.close()
             self.conns.append(parent)
             self.procs.append(proc)
