@@ -144,15 +144,16 @@ def test_run_smoke_end_to_end(tmp_path):
     assert all(0 <= r["cache_hit_rate"] <= 1 for r in by_impl["pinned_hot_cache"])
     assert all(r["id_sets"] == 2 for r in recs if r["status"] == "ok" and r["kind"] == "lookup")
     # every pinned step is held against the resident step of its workload (ids on the device, the same
-    # id distribution, prefetch and timer), which the suite carries, named in the record
+    # id distribution and timer, its best prefetch and graph mode), which the suite carries, named in the record
     by_id = {r["case_id"]: r for r in recs}
     pinned_steps = [r for r in steps if r["impl"] != "device" and r["status"] == "ok"]
     assert pinned_steps
     for r in pinned_steps:
         base = by_id[r["offload_baseline"]]
         assert base["impl"] == "device" and base["ids_on"] == "device" and base["offload_overhead"] is None
-        assert (base["ids"], base["prefetch"], base["num_tokens"], base["compute_us"]) == (
-            r["ids"], r["prefetch"], r["num_tokens"], r["compute_us"])
+        assert (base["ids"], base["num_tokens"], base["compute_us"]) == (r["ids"], r["num_tokens"], r["compute_us"])
+        like = by_id.get(r["offload_baseline_same_graph"])  # its own graph mode and prefetch, where measured
+        assert like is None or (like["prefetch"], like["graph"]) == (r["prefetch"], r["graph"])
         assert r["offload_overhead"] == pytest.approx(r["step_ms"] / r["offload_baseline_ms"] - 1)
     df = results.load(run_dir)
     assert len(df) == len(recs)
