@@ -147,10 +147,9 @@ class CaseExecutor:
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
         # the token count is not part of the table: a case with another batch size reuses the
-        # filled table and resizes the buffers sized by it (one allocation per table per run)
-        key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
-               case.cache_rows, case.stream_priority, case.sm_limit,
-               case.gather_threads, case.host_alloc, topo)
+        # filled table and resizes the buffers sized by it (one allocation per table per run;
+        # suite_loop.order_cases puts the cases of one key next to each other)
+        key = (case.table_key, topo)
         if self.table is not None and self.table.key == key:
             self.table.uses += 1
             backend = self.table.backend
