@@ -69,3 +69,37 @@ def test_the_default_suite_builds_each_table_once():
     # the big host tables by size (8 GiB .. 100 GiB): each is freed before a bigger one is pinned
     host = [c.table_bytes for c in cases if c.impl != "device" and c.table_bytes >= 4 << 30]
     assert host == sorted(host) and len(set(host)) == 4
+
+
+def test_paths_on_the_same_rows_share_one_filled_table():
+    """pinned_uva, the CPU gather, the copy engines and the hot cache read the same pinned rows: the
+    next path takes the filled table over (not pinned, not filled again), its outputs checked byte for
+    byte by the executor's gate; an exact mapping is freed once, when the last path lets go of it."""
+    base = dict(vocab_size=4096, dim=160, dtype="fp8", num_heads=4, num_tokens=8, host_alloc="exact")
+    cases = [Case(impl=impl, **base) for impl in ("pinned_uva", "pinned_cpu_gather", "pinned_copy_engine")]
+    cases.append(Case(impl="pinned_hot_cache", cache_rows=64, **base))
+    cases.append(Case(impl="device", **{**base, "host_alloc": "torch"}))  # another place: its own table
+    ex = CaseExecutor(device=torch.device("cpu"))
+    ordered = order_cases(cases)
+    assert [c.impl for c in ordered] == ["device", "pinned_copy_engine", "pinned_cpu_gather",
+                                         "pinned_hot_cache", "pinned_uva"]
+    records, allocations = [], []
+    for case in ordered:
+        records.append(ex.run(case, _policy()))
+        allocations.append(ex.table.backend.host_allocation)
+    assert [r["table_reused"] for r in records[1:]] == [False, True, True, True]
+    first = allocations[1]
+    assert all(a is first for a in allocations[1:]) and not first.freed  # handed over, never freed
+    ex.release_table()
+    assert first.freed
+
+
+def test_a_table_of_other_rows_is_built_anew():
+    ex = CaseExecutor(device=torch.device("cpu"))
+    base = dict(impl="pinned_uva", vocab_size=4096, dim=160, dtype="fp8", num_heads=4, num_tokens=8)
+    ex.run(Case(**base), _policy())
+    first = ex.table.backend.host_allocation
+    for other in (dict(seed=1), dict(host_alloc="exact"), dict(vocab_size=2048)):
+        rec = ex.run(Case(**{**base, **other, "impl": "pinned_cpu_gather"}), _policy())
+        assert rec["table_reused"] is False, other
+        assert ex.table.backend.host_allocation is not first
