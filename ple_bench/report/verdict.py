@@ -196,6 +196,11 @@ class Verdict:
     tail: str  # the compute it holds from
 
     @property
+    def as_fast(self) -> bool:
+        """Pinned host memory is as fast as HBM at every token count of the answer."""
+        return all(p.as_fast for p in self.picks)
+
+    @property
     def text(self) -> str:
         body = " Best pinned step per token count: " + "; ".join(pick_text(p) for p in self.picks) + "."
         if self.others:
