@@ -133,6 +133,18 @@ class Case:
         return ".".join(parts) + "-" + digest
 
     @property
+    def table_key(self) -> tuple:
+        """What makes two cases' tables differ (the executor builds one backend per key and
+        keeps it while the next case has the same key): the table's bytes (rows, dim, dtype,
+        its ETP shard), where and how it is allocated (``impl``, ``host_alloc``) and the
+        backend's construction-time settings (heads, cache, side stream, gather threads, plug-in
+        options).  Token count, kernel, ids, prefetch, graph mode, kind and compute are not
+        part of it: cases differing only in those share one filled table."""
+        return (self.tp, self.etp, self.dp, self.vocab_size, self.dim, self.dtype, self.num_heads,
+                self.impl, self.host_alloc, self.cache_rows, self.stream_priority, self.sm_limit,
+                self.gather_threads, self.extra)
+
+    @property
     def has_compute(self) -> bool:
         return has_compute(self.axes())
 

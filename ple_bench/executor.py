@@ -82,6 +82,7 @@ class _Table:
     seed: int
     cost: dict = field(default_factory=dict)  # what the table's host allocation took (record fields)
     uses: int = 0
+    rows_key: tuple = ()  # the filled rows' identity: rows, dim, dtype, allocation, seed, topology
 
 
 @dataclass
@@ -147,10 +148,9 @@ class CaseExecutor:
 
     def backend_for(self, case: Case, topo: Topology, groups: Groups):
         # the token count is not part of the table: a case with another batch size reuses the
-        # filled table and resizes the buffers sized by it (one allocation per table per run)
-        key = (case.impl, case.vocab_size, case.dim, case.dtype, case.num_heads,
-               case.cache_rows, case.stream_priority, case.sm_limit,
-               case.gather_threads, case.host_alloc, topo)
+        # filled table and resizes the buffers sized by it (one allocation per table per run;
+        # suite_loop.order_cases puts the cases of one key next to each other)
+        key = (case.table_key, topo)
         if self.table is not None and self.table.key == key:
             self.table.uses += 1
             backend = self.table.backend
@@ -158,17 +158,25 @@ class CaseExecutor:
             # same table, another kernel: swap the kernel, keep the filled table
             backend.set_kernel(case.kernel or type(backend).default_kernel)
             return backend
-        self.release_table()
         try:
             cls = get_backend(case.impl)
         except ValueError as exc:
+            self.release_table()
             raise SkipCase(str(exc)) from exc
+        # another path on the same filled rows (pinned_uva, then the CPU gather, the copy engines,
+        # the hot cache): the old backend hands its table over, neither pinned nor filled again
+        seed = TABLE_SEED_BASE + case.seed
+        rows_key = (case.vocab_size, case.dim, case.dtype, case.host_alloc, seed, topo)
+        shared = self.table if self.table is not None and self.table.rows_key == rows_key else None
+        handed = shared.backend.hand_over_table() if shared is not None and cls.takes_table else None
+        self.release_table()
         in_host = cls.table_in_host_memory
         if case.host_alloc != "torch" and not in_host:
             raise SkipCase(f"host_alloc={case.host_alloc} applies to tables in pinned host memory; "
                            f"{case.impl} keeps its table elsewhere")
         shard_rows = -(-case.vocab_size // topo.etp)
-        self._check_memory(case, cls, shard_rows * case.row_bytes)
+        if handed is None:
+            self._check_memory(case, cls, shard_rows * case.row_bytes)
         kwargs: dict[str, Any] = dict(
             dtype=case.dtype, num_heads=case.num_heads, max_tokens=case.num_tokens,
             groups=groups, device=self.device,
@@ -187,17 +195,30 @@ class CaseExecutor:
             kwargs["host_alloc"] = case.host_alloc
         for k, v in case.extra:
             kwargs[k] = v
+        if handed is not None:
+            kwargs["table"] = handed
         free_before = host_alloc.mem_available_bytes()
         with annotate("table_fill", color="gray"):
             try:
-                backend = cls(case.vocab_size, case.dim, **kwargs)
+                try:
+                    backend = cls(case.vocab_size, case.dim, **kwargs)
+                except BaseException:
+                    if handed is not None:
+                        handed.allocation.close()  # no backend took it: free it now
+                    raise
             except TypeError as exc:
                 raise SkipCase(f"{case.impl} does not accept this case's options: {exc}") from exc
             except NotImplementedError as exc:  # an option this path refuses (e.g. sm_limit)
                 raise SkipCase(str(exc)) from exc
             except torch.OutOfMemoryError as exc:
                 raise SkipCase(f"out of memory allocating the table: {exc}") from exc
-            seed = TABLE_SEED_BASE + case.seed
+            if handed is not None:  # filled already: its scale only (a scale belongs to the backend)
+                if backend.format.quantized:
+                    backend.set_scale(FP8_SCALE)
+                backend.check_loaded()
+                # one allocation: the cases on it get its figures and table_reused
+                self.table = _Table(key, backend, seed, shared.cost, uses=shared.uses + 1, rows_key=rows_key)
+                return backend
             fill_started = time.perf_counter()
             backend.fill_synthetic(seed, scale=FP8_SCALE if backend.format.quantized else None)
             backend.check_loaded()
@@ -207,7 +228,7 @@ class CaseExecutor:
             cost = dict(host_alloc.allocation_fields(backend.host_allocation), table_fill_s=fill_s,
                         host_mem_free_before_bytes=free_before,
                         host_mem_free_after_bytes=host_alloc.mem_available_bytes())
-        self.table = _Table(key, backend, seed, cost, uses=1)
+        self.table = _Table(key, backend, seed, cost, uses=1, rows_key=rows_key)
         return backend
 
     def table_cost_fields(self) -> dict[str, Any]:

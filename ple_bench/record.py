@@ -295,7 +295,8 @@ FIELDS: tuple[Field, ...] = (
     _f("host_mem_free_after_bytes", "B", "all", "MemAvailable after it was filled"),
     _f("host_alloc_from_cache", "", "all", "torch mode on a GPU: the block came from torch's pinned cache"),
     _f("host_alloc_note", "", "all", "how the memory was allocated, in words"),
-    _f("table_reused", "", "all", "the case ran on a table an earlier case allocated"),
+    _f("table_reused", "", "all", "the case ran on a table an earlier case allocated and filled (of its own "
+       "path, or handed over by another path on the same rows); the allocation fields are that table's"),
     # upgrades
     _f("upgraded_from", "", "all", "the schema version the stored record had, when older (None: written as is)"),
     _f("missing_fields", "", "all", "an upgraded record: the fields of its kind it lacks (not measured then)"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import provenance
-from .case import Case, with_baselines
+from .case import HOST_ALLOC_MODES, Case, with_baselines
 from .dispatch import CaseDispatcher
 from .results import RunWriter, new_run_id
 
@@ -55,13 +55,23 @@ class RunSummary:
 
 
 def order_cases(cases: list[Case]) -> list[Case]:
-    """Group cases by world size and table so each table is built once; resident
-    (device) tables first, so pinned step cases find their resident baseline; within
-    a table, prefetch off before prefetch on, so prefetch steps find their overlap twin."""
+    """Group cases by world size and table so each table is built (pinned, filled) once: every
+    field of ``Case.table_key`` comes before the axes a table is shared across (kernel, tokens,
+    kind, prefetch), so all cases of one table run before it is freed.  Tables by size, smallest
+    first (the largest host tables last, each freed before the next is pinned); of one size,
+    resident (device) tables first, so pinned step cases find their resident baseline, then
+    pinned ones by host allocation (torch's caching allocator, then exact); within a table,
+    prefetch off before prefetch on, and a table with default side-stream settings before one with
+    a ``stream_priority`` or ``sm_limit``, so prefetch steps find their overlap twin."""
+    def alloc_rank(mode: str) -> int:
+        return HOST_ALLOC_MODES.index(mode) if mode in HOST_ALLOC_MODES else len(HOST_ALLOC_MODES)
+
     def key(c: Case):
         return (c.world_size, c.tp, c.etp, c.dp, c.vocab_size, c.dim, c.dtype, c.num_heads,
-                c.impl != "device", c.impl, c.kernel, c.cache_rows, c.num_tokens, c.kind,
-                c.prefetch, c.case_id)
+                c.impl != "device", alloc_rank(c.host_alloc), c.host_alloc, c.impl, c.cache_rows,
+                (c.stream_priority, c.sm_limit) != (0, 0), c.stream_priority, c.sm_limit,
+                c.gather_threads, repr(c.extra),
+                c.kernel, c.num_tokens, c.kind, c.prefetch, c.case_id)
     return sorted(cases, key=key)
 
 

@@ -31,7 +31,8 @@ result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
 *Capabilities* (class attributes, :data:`CAPABILITIES` gives their types):
 ``supports_prefetch``, ``table_in_host_memory``, ``blocks_host``,
 ``reads_ids_on_host``, ``gathers_on_host`` (the host's cores gather the rows: the host-gather
-ceiling binds the path), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+ceiling binds the path), ``takes_table`` (its constructor takes ``table=``, a filled table another
+backend gave up with :meth:`PLEEmbedding.hand_over_table`), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
 sample of past traffic before it is measured), ``side_stream_settings`` (which
 of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
@@ -44,8 +45,8 @@ grid cap, see :attr:`PLEEmbedding.grid_cap`).
 kernel (:meth:`PLEEmbedding.set_kernel`).
 
 *Operations*: ``lookup``, ``start_prefetch``/``finalize``, ``prepare_prefetch``,
-``dequantize``, ``fill_synthetic``/``load_full_table``, ``set_max_tokens``,
-``close``; the pieces of a lookup that the engine times on their own:
+``dequantize``, ``fill_synthetic``/``load_full_table``, ``set_scale``, ``set_max_tokens``,
+``hand_over_table``, ``close``; the pieces of a lookup that the engine times on their own:
 ``slot_size``, ``gather_ids``, ``local_lookup``, ``reduce_rows``; and what a
 path reports about itself: ``stats``/``reset_stats`` (e.g. a ``hit_rate``),
 ``host_thread_s``, ``prefetch_buffer``, ``prefetch_stream``,
@@ -112,6 +113,7 @@ CAPABILITIES: dict[str, type | tuple[type, ...]] = {
     "reads_ids_on_host": bool,
     "gathers_on_host": bool,
     "warms_cache": bool,
+    "takes_table": bool,
     "default_kernel": str,
     "side_stream_settings": frozenset,
     "sm_limit_refusal": str,
@@ -155,6 +157,10 @@ class PLEEmbedding(ABC):
     #: :meth:`warm_cache` fills a cache from a sample of past traffic: the engine calls it
     #: (with an independent sample of the case's id distribution) before checking and timing
     warms_cache: ClassVar[bool] = False
+    #: the constructor takes ``table=``: a filled table of the same rows, dim, dtype, shard and
+    #: host allocation that another backend gave up (:meth:`hand_over_table`), used as it is
+    #: (the engine shares one pinned and filled table across the paths that read it)
+    takes_table: ClassVar[bool] = False
     #: which of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours
     side_stream_settings: ClassVar[frozenset] = frozenset()
     #: why this path refuses ``sm_limit`` ("" = it does not refuse it)
@@ -385,6 +391,13 @@ class PLEEmbedding(ABC):
 
     def dequantize(self, rows: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         return self.format.dequantize(rows, self.scale, out_dtype)
+
+    def hand_over_table(self) -> Any:
+        """Give up this backend's filled table for another backend (one that ``takes_table``,
+        of the same rows, dim, dtype, shard and allocation) to take as ``table=``; this backend
+        is unusable afterwards and its :meth:`close` frees nothing of the table.  None: the table
+        cannot be handed over (the default)."""
+        return None
 
     def set_max_tokens(self, max_tokens: int) -> None:
         """The most tokens per DP rank a call may bring from now on (a new case on

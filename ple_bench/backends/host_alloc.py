@@ -237,6 +237,15 @@ class HostAllocation:
                 self.note += "; the mapping is unmapped when the last tensor viewing it is dropped"
 
 
+@dataclass
+class HandedTable:
+    """A filled table one backend gave up for another to read (``hand_over_table`` /
+    ``table=``): the tensor and its allocation, which the taker frees on its close."""
+
+    weight: torch.Tensor
+    allocation: HostAllocation
+
+
 def allocate_pinned(rows: int, dim: int, dtype: torch.dtype, mode: str,
                     device: torch.device | str | None) -> tuple[torch.Tensor, HostAllocation]:
     """A ``rows x dim`` host tensor of ``dtype`` for a table read from ``device``,

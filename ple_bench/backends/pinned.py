@@ -27,7 +27,7 @@ import torch
 from ..annotate import annotate
 from .base import PLEEmbedding, _check_out
 from .green import GreenContextUnavailable, GreenHandle, shared_green_stream
-from .host_alloc import HostAllocation, allocate_pinned, check_mode
+from .host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
 from .registry import register_backend
 from .uva import cuda_view_of_pinned, uva_available
 
@@ -36,6 +36,7 @@ from .uva import cuda_view_of_pinned, uva_available
 class PinnedUVAEmbedding(PLEEmbedding):
     supports_prefetch = True
     table_in_host_memory = True
+    takes_table = True
     default_kernel = "triton_reference"
     side_stream_settings = frozenset({"stream_priority", "sm_limit"})
     #: why this path refuses ``sm_limit`` ("" = it accepts it): set by subclasses whose
@@ -44,11 +45,12 @@ class PinnedUVAEmbedding(PLEEmbedding):
 
     def __init__(
         self, num_embeddings: int, embedding_dim: int, *, stream_priority: int = 0,
-        sm_limit: int = 0, host_alloc: str = "torch", **kwargs
+        sm_limit: int = 0, host_alloc: str = "torch", table: HandedTable | None = None, **kwargs
     ) -> None:
         # read by allocate_table, which the base constructor calls
         self.host_alloc = check_mode(host_alloc)
         self._host_allocation: HostAllocation | None = None
+        self._handed = table  # a filled table another backend gave up (hand_over_table): used as is
         if isinstance(sm_limit, bool) or not isinstance(sm_limit, int) or sm_limit < 0:
             raise ValueError(f"sm_limit must be a non-negative integer (0 = no limit), got {sm_limit!r}")
         if sm_limit and self.sm_limit_refusal:
@@ -73,8 +75,26 @@ class PinnedUVAEmbedding(PLEEmbedding):
         self._green: GreenHandle | None = None
 
     def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            if (tuple(handed.weight.shape) != (rows, dim) or handed.weight.dtype != dtype
+                    or handed.allocation.mode != self.host_alloc):
+                raise ValueError(f"table=: a {tuple(handed.weight.shape)} {handed.weight.dtype} table allocated "
+                                 f"{handed.allocation.mode}, this backend needs ({rows}, {dim}) {dtype} "
+                                 f"allocated {self.host_alloc}")
+            self._host_allocation = handed.allocation
+            return handed.weight
         table, self._host_allocation = allocate_pinned(rows, dim, dtype, self.host_alloc, self.device)
         return table
+
+    def hand_over_table(self) -> HandedTable | None:
+        """The filled table and its allocation, for another pinned path to read (``table=``);
+        this backend lets go of both (its close frees nothing of them)."""
+        if self.weight is None or self._host_allocation is None:
+            return None
+        handed = HandedTable(self.weight, self._host_allocation)
+        self._host_allocation = None
+        return handed
 
     @property
     def host_allocation(self) -> HostAllocation | None:

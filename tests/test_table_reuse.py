@@ -1,0 +1,105 @@
+"""One table per run: the suite loop's order puts every case of a table (``Case.table_key``) next to
+each other, so the executor builds (pins, fills) each table once, whichever groups its cases come from."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ple_bench.case import Case
+from ple_bench.executor import CaseExecutor
+from ple_bench.measure import TimingPolicy
+from ple_bench.suite import load_suite
+from ple_bench.suite_loop import order_cases
+
+# two groups sharing two tables (the same rows pinned by torch's allocator and exactly), as the
+# default suite's production-table groups do; the kernel and the token count vary within a table
+SUITE = """
+[suite]
+description = "two groups, two shared tables"
+[defaults]
+impl = "pinned_uva"
+vocab_size = 4096
+dim = 160
+dtype = "fp8"
+num_heads = 4
+host_alloc = ["torch", "exact"]
+[[group]]
+name = "decode"
+num_tokens = 8
+kernel = ["", "torch_uva"]
+[[group]]
+name = "prefill"
+num_tokens = 16
+kernel = ["", "torch_uva"]
+"""
+
+
+def _policy() -> TimingPolicy:
+    return TimingPolicy(warmup_ms=0.0, min_samples=1, max_samples=2, min_time_s=0.0, max_time_s=0.05, id_sets=2)
+
+
+def _table_runs(cases: list[Case]) -> list[tuple]:
+    """The table of each stretch of consecutive cases that share one (a table built per stretch)."""
+    return [key for key, _ in itertools.groupby(c.table_key for c in cases)]
+
+
+def test_groups_sharing_a_table_build_it_once(tmp_path):
+    path = tmp_path / "shared.toml"
+    path.write_text(SUITE)
+    cases = load_suite(path).cases
+    assert len(cases) == 8 and len({c.table_key for c in cases}) == 2
+    assert len(_table_runs(cases)) > 2  # in the suite's own order the two allocations alternate
+    ex = CaseExecutor(device=torch.device("cpu"))
+    records = [ex.run(case, _policy()) for case in order_cases(cases)]
+    ex.release_table()
+    built = [r for r in records if r["table_reused"] is False]
+    assert [r["host_alloc_note"] != built[0]["host_alloc_note"] for r in built] == [False, True]
+    assert len(built) == 2  # one torch block, one exact mapping; the six other cases reuse them
+
+
+def test_the_default_suite_builds_each_table_once():
+    cases = order_cases(load_suite("default").cases)
+    runs = _table_runs(cases)
+    assert len(runs) == len(set(runs)), "a table's cases are split: it would be built twice"
+    # the 47.7 GiB table: both allocations, each one stretch, torch's allocator first
+    production = [key for key in runs if key[3] == 320_001_536 and key[7] == "pinned_uva"]
+    assert [key[8] for key in production] == ["torch", "exact"]
+    # the big host tables by size (8 GiB .. 100 GiB): each is freed before a bigger one is pinned
+    host = [c.table_bytes for c in cases if c.impl != "device" and c.table_bytes >= 4 << 30]
+    assert host == sorted(host) and len(set(host)) == 4
+
+
+def test_paths_on_the_same_rows_share_one_filled_table():
+    """pinned_uva, the CPU gather, the copy engines and the hot cache read the same pinned rows: the
+    next path takes the filled table over (not pinned, not filled again), its outputs checked byte for
+    byte by the executor's gate; an exact mapping is freed once, when the last path lets go of it."""
+    base = dict(vocab_size=4096, dim=160, dtype="fp8", num_heads=4, num_tokens=8, host_alloc="exact")
+    cases = [Case(impl=impl, **base) for impl in ("pinned_uva", "pinned_cpu_gather", "pinned_copy_engine")]
+    cases.append(Case(impl="pinned_hot_cache", cache_rows=64, **base))
+    cases.append(Case(impl="device", **{**base, "host_alloc": "torch"}))  # another place: its own table
+    ex = CaseExecutor(device=torch.device("cpu"))
+    ordered = order_cases(cases)
+    assert [c.impl for c in ordered] == ["device", "pinned_copy_engine", "pinned_cpu_gather",
+                                         "pinned_hot_cache", "pinned_uva"]
+    records, allocations = [], []
+    for case in ordered:
+        records.append(ex.run(case, _policy()))
+        allocations.append(ex.table.backend.host_allocation)
+    assert [r["table_reused"] for r in records[1:]] == [False, True, True, True]
+    first = allocations[1]
+    assert all(a is first for a in allocations[1:]) and not first.freed  # handed over, never freed
+    ex.release_table()
+    assert first.freed
+
+
+def test_a_table_of_other_rows_is_built_anew():
+    ex = CaseExecutor(device=torch.device("cpu"))
+    base = dict(impl="pinned_uva", vocab_size=4096, dim=160, dtype="fp8", num_heads=4, num_tokens=8)
+    ex.run(Case(**base), _policy())
+    first = ex.table.backend.host_allocation
+    for other in (dict(seed=1), dict(host_alloc="exact"), dict(vocab_size=2048)):
+        rec = ex.run(Case(**{**base, **other, "impl": "pinned_cpu_gather"}), _policy())
+        assert rec["table_reused"] is False, other
+        assert ex.table.backend.host_allocation is not first
