@@ -39,6 +39,17 @@ def test_the_ceiling_is_the_faster_kernel_in_bytes_read():
     assert res["hbm_read_gbps"] == max(res[k] for k in kernels) > 0
 
 
+def test_a_kernel_that_fails_is_said_and_the_other_is_the_ceiling(monkeypatch):
+    import ple_bench.measure.hbm_read as hbm_read
+
+    def broken(buf):
+        raise RuntimeError("no Triton here")
+    monkeypatch.setattr(hbm_read, "stream_read", broken)
+    res = measure_hbm_read(torch.device("cpu"), 2 * BLOCK * 4, 0.05, min_repeats=1, max_repeats=2)
+    assert res["hbm_read_error_triton_stream"] == "RuntimeError: no Triton here"
+    assert "hbm_read_gbps_triton_stream" not in res and res["hbm_read_gbps"] == res["hbm_read_gbps_torch_sum"]
+
+
 def _decoder_rec(mode="gpu"):
     return {"kind": "step", "status": "ok", "mode": mode, "compute": "decoder", "compute_us": 0.0,
             "compute_bytes": 6e9, "compute_ms": 1.5, "compute_in_step_ms": 1.5, "compute_region_alone_ms": 1.5}
