@@ -90,6 +90,7 @@ def test_the_hbm_read_ceiling_reads_every_byte_and_beats_a_copy():
     gen = torch.Generator(device=DEV).manual_seed(6)
     assert check_stream_read(torch.randn(1000 * BLOCK + 17, generator=gen, device=DEV))
     ceilings = measure_ceilings(DEV, budget_s=2.0, pinned_table_bytes=256 << 20)
+    assert not [k for k in ceilings if k.startswith("hbm_read_error")], ceilings  # both read kernels ran
     assert ceilings["hbm_read_bytes"] >= 256 << 20
     assert ceilings["hbm_read_gbps"] >= ceilings["d2d_gbps"] / 2, ceilings
     print(f"HBM read {ceilings['hbm_read_gbps']:.0f} GB/s (torch.sum {ceilings['hbm_read_gbps_torch_sum']:.0f}, "
