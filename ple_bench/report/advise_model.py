@@ -302,6 +302,8 @@ ASSUMPTIONS = [
     "at fewer or equal rows; no step below its compute; every per-row and per-compute slope >= 0",
     "'vs HBM' is against the resident row a server would run instead: ids on the device, the option's timer "
     "and id distribution, the fastest graph mode (never a row of another timer)",
+    "one compute kind: a path is fitted, and its compute pooled, only over steps of the same compute (the "
+    "matmul chain, whose length is fitted; or one decoder configuration, whose measured time is its own)",
 ]
 
 
