@@ -107,12 +107,14 @@ def records_of_compute(records: Sequence[Mapping[str, Any]], ask: ComputeAsk) ->
     if ask.kind == "matmul":
         kept = [r for r in steps if compute_of_record(r).kind == "matmul"]
         if not kept:
-            raise ValueError(f"no step with the matmul chain in the runs given (they hold: {', '.join(have) or 'none'})")
+            raise ValueError("no step with the matmul chain in the runs given (they hold: "
+                             f"{', '.join(have) or 'none'})")
         return kept, ask, []
     same = [r for r in steps if compute_of_record(r).kind == "decoder" and compute_of_record(r).shape == ask.shape]
     if not same:
         raise ValueError(f"no step with {ask.shape} decoder layers in the runs given (they hold: "
-                         f"{', '.join(have) or 'none'}; run the decoder suite: python -m ple_bench run --suite decoder)")
+                         f"{', '.join(have) or 'none'}; run the decoder suite: "
+                         "python -m ple_bench run --suite decoder)")
     measured = min({compute_of_record(r) for r in same}, key=lambda c: (_distance(c, ask), c.layers, c.context))
     kept = [r for r in same if compute_of_record(r) == measured]
     notes = [] if measured == ask else [f"measured with {measured.label}, not the asked {ask.label} (the nearest "

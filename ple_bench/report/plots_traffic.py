@@ -123,7 +123,8 @@ def decoder_share(run: Run) -> tuple[str, str, dict[Any, dict[float, float]]]:
     steps = [r for r in run.ok if r.get("kind") == "step" and str(r.get("compute") or "") == "decoder"]
     field, words = "compute_pct_of_hbm_read", "% of the run's HBM read ceiling (bytes read)"
     if not any(num(r.get(field)) is not None for r in steps):
-        field, words = "compute_pct_of_d2d", "% of the run's D2D copy ceiling (read + write: no read ceiling in this run)"
+        field = "compute_pct_of_d2d"
+        words = "% of the run's D2D copy ceiling (read + write: no read ceiling in this run)"
     acc: dict[Any, dict[float, list[float]]] = {}
     for r in steps:
         v, t = num(r.get(field)), num(r.get("num_tokens"))
