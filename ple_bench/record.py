@@ -284,8 +284,13 @@ FIELDS: tuple[Field, ...] = (
        "compute_bytes / compute_ms (1e9 B/s): the memory bandwidth of the step without its lookup, in the "
        "case's graph mode", derived=True),
     _f("compute_pct_of_d2d", "%", "step",
-       "100 x compute_hbm_gbps / meta.json ceilings.d2d_gbps (a device copy, read + write bytes): how "
-       "memory-bound the compute is; None in functional mode or without the ceiling", derived=True),
+       "100 x compute_hbm_gbps / meta.json ceilings.d2d_gbps (a device copy, read + write bytes); a step that "
+       "only reads can pass 100 %: how memory-bound it is is compute_pct_of_hbm_read; None in functional mode "
+       "or without the ceiling", derived=True),
+    _f("compute_pct_of_hbm_read", "%", "step",
+       "100 x compute_hbm_gbps / meta.json ceilings.hbm_read_gbps (reading device memory, writing nothing, bytes "
+       "read, measured in the same run): how memory-bound the compute is (compute_bytes are the bytes it reads); "
+       "None in functional mode or where the run has no read ceiling (runs before 2026-12-02)", derived=True),
     # a table in host memory (every case of a backend whose table is in host memory)
     _f("pinned_bytes", "B", "all", "bytes page-locked for this rank's shard (0 in functional mode)"),
     _f("host_table_bytes", "B", "all", "host bytes the allocation reserves"),
@@ -627,13 +632,16 @@ def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] 
     elif rec.get("status") == "ok" and "compute_region_alone_ms" in rec:
         rec["compute_slowdown"] = None  # measured, but no region to compare
     # else: an upgraded record without the regions keeps its stored figure
-    rec["compute_hbm_gbps"] = rec["compute_pct_of_d2d"] = None
+    rec["compute_hbm_gbps"] = rec["compute_pct_of_d2d"] = rec["compute_pct_of_hbm_read"] = None
     nbytes, compute_ms = _num(rec.get("compute_bytes")), _num(rec.get("compute_ms"))
     if rec.get("status") == "ok" and nbytes and compute_ms and compute_ms > 0:
         rec["compute_hbm_gbps"] = nbytes / (compute_ms * 1e6)
         d2d = _num((ceilings or {}).get("d2d_gbps"))
         if rec.get("mode") in (None, "gpu") and d2d and d2d > 0:
             rec["compute_pct_of_d2d"] = 100.0 * rec["compute_hbm_gbps"] / d2d
+        read = _num((ceilings or {}).get("hbm_read_gbps"))
+        if rec.get("mode") in (None, "gpu") and read and read > 0:
+            rec["compute_pct_of_hbm_read"] = 100.0 * rec["compute_hbm_gbps"] / read
 
 
 _OFFLOAD_KEYS = ("offload_overhead", "offload_baseline", "offload_baseline_ms", "offload_baseline_graph",

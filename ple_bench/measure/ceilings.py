@@ -7,6 +7,9 @@ CUDA (CUDA events, median of several repeats of each transfer):
 
 * ``h2d_gbps`` / ``d2h_gbps``: pinned host <-> device copy of 256 MiB;
 * ``d2d_gbps``: device copy of up to 1 GiB, counting read + write bytes;
+* ``hbm_read_gbps``: reading up to 2 GiB of device memory and writing nothing, bytes read
+  (:mod:`ple_bench.measure.hbm_read`; the ceiling of a step that only reads, as decoder layers do;
+  ``hbm_read_gbps_<kernel>`` per read kernel, ``hbm_read_bytes`` the buffer);
 * ``pinned_random_row_gbps_{160,512}B``: uniform random rows gathered from a
   pinned host table through its UVA view (``cuda_view_of_pinned`` +
   ``torch.index_select``), bytes = rows x row size (the rows read);
@@ -53,6 +56,7 @@ import torch
 
 from ..annotate import annotate
 from ..env import resolve_device
+from .hbm_read import HBM_READ_BYTES, measure_hbm_read
 from .profiler import windows_suspended
 from .repeat import repeat_timed
 
@@ -101,7 +105,7 @@ def _cuda_ceilings(device: torch.device, budget_s: float, pinned_table_bytes: in
     from ..backends.uva import cuda_view_of_pinned
 
     res: dict[str, Any] = {}
-    share = budget_s / 7  # h2d, d2h, d2d, 2 pinned gathers, 2 device gathers
+    share = budget_s / 8  # h2d, d2h, d2d, the HBM read, 2 pinned gathers, 2 device gathers
     stream = torch.cuda.current_stream(device)
     free, _total = torch.cuda.mem_get_info(device)
 
@@ -120,6 +124,9 @@ def _cuda_ceilings(device: torch.device, budget_s: float, pinned_table_bytes: in
     with annotate("ceiling_d2d"):
         res["d2d_gbps"] = 2 * d2d / _repeat_median_s(lambda: dst.copy_(src), device, share) / 1e9
     del src, dst
+    with annotate("ceiling_hbm_read"):
+        res.update(measure_hbm_read(device, max(COPY_BYTES, min(HBM_READ_BYTES, (free // 4) >> 20 << 20)), share,
+                                    min_repeats=MIN_REPEATS, max_repeats=MAX_REPEATS))
 
     table_bytes = max(pinned_table_bytes, max(ROW_SIZES)) // 512 * 512
     pinned = torch.empty(table_bytes, dtype=torch.uint8, pin_memory=True)

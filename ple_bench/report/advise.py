@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .compute_kind import EXAMPLES as COMPUTE_EXAMPLES
+from .compute_kind import ComputeAsk, parse_compute, records_of_compute
 from .verdict import EQUAL_PCT
 
 EXIT_BAD_USAGE = 2
@@ -76,6 +78,11 @@ class Advice:
     notes: list[str]
     measured_verdict: str = ""  # the verdict from the nearest measurements alone
     model: Any = None  # advise_model.ModelAdvice: the model's ranking at exactly the asked shape
+    ids: str = ""  # the id distribution (traffic) every number below is of
+    compute: str = ""  # the asked compute (compute_kind.ComputeAsk.spec; "" when asked as compute_us only)
+    compute_label: str = ""  # the asked compute, in words
+    measured_compute_label: str = ""  # the compute the numbers were measured with, in words
+    holds_for: str = ""  # the traffic and compute the answer holds for, in words (printed first)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -251,7 +258,7 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
             ans.recommendation += f" (measured at {measured_t} tokens)"
         answers.append(ans)
     verdict = _verdict(answers, fits_hbm)
-    return Advice(table_bytes, measured_table, compute_us, measured_compute, answers, verdict, notes)
+    return Advice(table_bytes, measured_table, compute_us, measured_compute, answers, verdict, notes, ids=chosen_ids)
 
 
 def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
@@ -325,11 +332,13 @@ def format_model_text(m: Any) -> list[str]:
 
 
 def format_text(a: Advice) -> str:
-    lines = format_model_text(a.model) + ["", "--- nearest measurements (measured only) ---", ""] if a.model else []
+    lines = [a.holds_for, ""] if a.holds_for else []
+    lines += format_model_text(a.model) + ["", "--- nearest measurements (measured only) ---", ""] if a.model else []
     lines += [a.measured_verdict or a.verdict, ""]
+    compute = (f"compute {a.compute_label} (measured {a.measured_compute_label})" if a.compute_label else
+               f"compute {a.compute_us:g} us (measured {a.measured_compute_us:g} us)")
     lines.append(f"table {a.table_bytes / 2**30:.1f} GiB (measured {a.measured_table_bytes / 2**30:.1f} GiB), "
-                 f"compute {a.compute_us:g} us (measured {a.measured_compute_us:g} us); every number below is "
-                 "measured (run and case named), none predicted")
+                 f"{compute}; every number below is measured (run and case named), none predicted")
     for n in a.notes:
         lines.append(f"note: {n}")
     for ans in a.answers:
@@ -358,8 +367,13 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", required=True, help="fp32 | fp16 | bf16 | fp8")
     p.add_argument("--heads", type=int, required=True)
     p.add_argument("--tokens", required=True, help="tokens per step, comma-separated (e.g. 64,256,512)")
-    p.add_argument("--compute-us", type=float, required=True,
-                   help="compute between the lookup's start and its use, in microseconds")
+    p.add_argument("--compute-us", type=float,
+                   help="a matmul chain of this many microseconds between the lookup's start and its use "
+                        "(the same as --compute us:N)")
+    p.add_argument("--compute", metavar="KIND",
+                   help="the compute between the lookup's start and its use: us:<microseconds> (the matmul "
+                        "chain) or decoder:[<shape>:]<layers>x<context> (decoder layers over a KV cache of that "
+                        "many tokens per sequence, shape default qwen3-8b); the model calibrates on that kind only")
     p.add_argument("--hbm-bytes", help="HBM the table may take (default: no limit)")
     p.add_argument("--host-bytes", help="host memory the table may take (default: no limit)")
     p.add_argument("--runs", nargs="+", metavar="RUN_DIR",
@@ -413,6 +427,58 @@ def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict
     return kept
 
 
+def compute_asked(args: argparse.Namespace) -> ComputeAsk:
+    """The compute asked (``--compute`` or ``--compute-us``: one of them, not both); sets
+    ``args.compute_us`` to the chain's length (0 for decoder layers).  AdviseError naming the flag."""
+    given = [f for f, v in (("--compute", args.compute), ("--compute-us", args.compute_us)) if v is not None]
+    if not given:
+        raise AdviseError(f"--compute: say what compute the lookup hides behind, e.g. {COMPUTE_EXAMPLES}")
+    if len(given) == 2:
+        raise AdviseError("--compute / --compute-us: give one of them (--compute-us N is --compute us:N)")
+    if args.compute_us is not None:
+        if args.compute_us < 0:
+            raise AdviseError(f"--compute-us: must be >= 0, got {args.compute_us}")
+        return ComputeAsk("matmul", compute_us=float(args.compute_us))
+    try:
+        ask = parse_compute(args.compute)
+    except ValueError as exc:
+        raise AdviseError(f"--compute: {exc}") from None
+    args.compute_us = ask.compute_us
+    return ask
+
+
+def records_for_compute_ask(records: list[dict[str, Any]], ask: ComputeAsk) -> tuple[list, ComputeAsk, list[str]]:
+    """:func:`ple_bench.report.compute_kind.records_of_compute` over the step records, the other
+    records (lookups: the model's machine rates) kept; AdviseError naming ``--compute``."""
+    try:
+        steps, measured, notes = records_of_compute(records, ask)
+    except ValueError as exc:
+        raise AdviseError(f"--compute: {exc}") from None
+    return [r for r in records if r.get("kind") != "step"] + steps, measured, notes
+
+
+def name_the_scope(advice: Advice, ask: ComputeAsk, measured: ComputeAsk, notes: list[str]) -> None:
+    """Put the traffic and the compute the answer holds for into ``advice`` (and its notes)."""
+    if ask.kind == "matmul":
+        measured = ComputeAsk("matmul", compute_us=advice.measured_compute_us)
+    advice.compute, advice.compute_label, advice.measured_compute_label = ask.spec, ask.label, measured.label
+    advice.notes = notes + advice.notes
+    asked = "" if measured == ask else f" (asked: {ask.label})"
+    advice.holds_for = (f"holds for: {advice.ids} ids, {measured.label}{asked}, measured on a "
+                        f"{advice.measured_table_bytes / 2**30:.1f} GiB table")
+
+
+def scoped_verdict(advice: Advice) -> None:
+    """The verdicts (the answer's, the measured one's, the model's) closed by the traffic and the
+    compute they hold for."""
+    tail = f" Holds for {advice.ids} ids and {advice.measured_compute_label}."
+    advice.verdict += tail
+    if advice.measured_verdict:
+        advice.measured_verdict += tail
+    if advice.model is not None:
+        advice.model.verdict += tail
+
+
 def run_advise(args: argparse.Namespace) -> int:
     from ..suite import _SIZE_RE, _SIZE_UNITS
 
@@ -452,13 +518,15 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"--link-latency-us: must be >= 0, got {args.link_latency_us}")
         if args.host_cores is not None and args.host_cores < 1:
             raise AdviseError(f"--host-cores: must be >= 1, got {args.host_cores}")
-        if args.compute_us < 0:
-            raise AdviseError(f"--compute-us: must be >= 0, got {args.compute_us}")
+        ask = compute_asked(args)  # sets args.compute_us (0 for decoder layers: their time is measured)
         if args.ids is not None:
             wanted_ids(args.ids)  # a bad spec fails before any self-run
         runs = args.runs
         if runs and args.functional_check:
             raise AdviseError("--functional-check runs advise's own cases: not with --runs")
+        if not runs and ask.kind != "matmul":
+            raise AdviseError(f"--compute {args.compute}: advise runs its own cases for the matmul chain only; "
+                              "give --runs with a decoder run (python -m ple_bench run --suite decoder)")
         if not runs:
             from ..env import gpu_available
             from .advise_run import NO_GPU, functional_case_count, self_run
@@ -482,6 +550,7 @@ def run_advise(args: argparse.Namespace) -> int:
 
         records, metas = load_runs(runs)
         records = records_for_ids(records, args.ids)
+        records, measured_ask, compute_notes = records_for_compute_ask(records, ask)
         steps = [r for r in records if r.get("status") == "ok" and r.get("kind") == "step"
                  and r.get("mode", "gpu") != "functional"]
         advice = advise(table_bytes=table, dim=args.dim, dtype=args.dtype, heads=args.heads, tokens=tokens,
@@ -489,6 +558,7 @@ def run_advise(args: argparse.Namespace) -> int:
                         hbm_bytes=hbm if args.etp == 1 else None, host_bytes=host if args.nodes == 1 else None,
                         graph_modes=args.graph,
                         ids=str(steps[0].get("ids")) if args.ids and steps else None)  # as stored
+        name_the_scope(advice, ask, measured_ask, compute_notes)
         model = build_model(records, metas, row_bytes=row_bytes)
         if model.fits:
             w = WhatIf(etp=args.etp, nodes=args.nodes, link_gbps=args.link_gbps,
@@ -498,8 +568,10 @@ def run_advise(args: argparse.Namespace) -> int:
                                   "python -m ple_bench run --suite topology on 2+ GPUs)")
             advice.model = model_advice(model, table_bytes=table, row_bytes=row_bytes, heads=args.heads,
                                         tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm,
-                                        host_bytes=host, graph_modes=args.graph)
+                                        host_bytes=host, graph_modes=args.graph,
+                                        compute_words=measured_ask.label if ask.kind == "decoder" else None)
             advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
+        scoped_verdict(advice)
         if args.html:
             from .advise_html import write_advice_html
 

@@ -50,7 +50,8 @@ def advise_plot(advice: Any, args: argparse.Namespace, model_points: list | None
 def write_advice_html(advice: Any, args: argparse.Namespace, out: Path) -> Path:
     size = args.table_bytes or f"{args.rows} rows"
     shape = f"table {size}, dim {args.dim}, {args.dtype}, {args.heads} heads, tokens {args.tokens}, " \
-            f"compute {args.compute_us:g} us"
+            f"compute {getattr(advice, 'compute_label', '') or f'{args.compute_us:g} us'}, " \
+            f"ids {getattr(advice, 'ids', '') or 'as measured'}"
     html = render_page("advise.html", shape=shape, runs=args.runs or [], verdict=advice.verdict, model=advice.model,
                        plot=advise_plot(advice, args), measured_verdict=_measured_verdict(advice),
                        notes=advice.notes, answers=advice.answers,

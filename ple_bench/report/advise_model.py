@@ -62,6 +62,7 @@ class ModelOption:
     baseline_note: str = ""  # where that row is not the exact twin (ids on the device, same distribution)
     compute_ms: float | None = None  # the step's compute (its floor: a step is never shorter)
     lookup_floor_ms: float | None = None  # the predicted lookup's floor (physical / smallest measured)
+    compute: str = "matmul"  # the compute kind of its path (model.PathKey.compute)
 
 
 @dataclass
@@ -103,9 +104,11 @@ def _measured(model: Model, fit: PathFit, rows: int, table_bytes: int, compute_u
 
 def resident_baseline(o: ModelOption, resident: Sequence[ModelOption]) -> tuple[ModelOption | None, str]:
     """The resident row a server would run instead of ``o``: ids on the device, ``o``'s timer and
-    id distribution, the fastest of its graph modes and kernels; (row, "") -- or (None, why) where
-    the runs hold no such row (never a row of another timer, ids placement or distribution)."""
-    cands = [r for r in resident if r.timer == o.timer and r.ids_on == "device" and r.ids == o.ids]
+    id distribution and compute kind, the fastest of its graph modes and kernels; (row, "") -- or (None,
+    why) where the runs hold no such row (never a row of another timer, ids placement, distribution or
+    compute kind)."""
+    cands = [r for r in resident if r.timer == o.timer and r.ids_on == "device" and r.ids == o.ids
+             and r.compute == o.compute]
     if not cands:
         return None, f"no resident step with ids on the device, {o.ids} ids, on the {o.timer} timer: no comparison"
     return min(cands, key=lambda r: r.step_ms), ""
@@ -149,7 +152,7 @@ def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compu
             checked=m is not None or err.scope == "path" or ext.scope == "path",
             extrapolated=extrapolated, floors=floors, extrap_error="" if m else ext.text(),
             extrap_median_pct=None if m else ext.median_pct, extrap_worst_pct=None if m else ext.worst_pct,
-            compute_ms=compute, lookup_floor_ms=lookup_floor))
+            compute_ms=compute, lookup_floor_ms=lookup_floor, compute=f.key.compute))
     resident = [o for o in out if o.placement == "HBM"]
     for o in out:
         if o.placement == "HBM":
@@ -237,10 +240,13 @@ def _extrapolated(deciding: Sequence[ModelOption]) -> str:
     return f"EXTRAPOLATED past the measured rows of {errs}"
 
 
-def what_would_change(model: Model, tokens: Sequence[int], compute_us: float, kw: dict[str, Any]) -> list[str]:
+def what_would_change(model: Model, tokens: Sequence[int], compute_us: float, kw: dict[str, Any],
+                      compute_words: str | None = None) -> list[str]:
     """The token counts (1 to 16 K) and the compute lengths (0 to 2 000 us) at which the choice
     flips; a flip decided by a prediction past its path's measured rows is marked extrapolated,
-    with that path's extrapolation error."""
+    with that path's extrapolation error.  ``compute_words``: a compute that is not a matmul chain's
+    length (decoder layers, in words): the token scan only, said to be at that compute."""
+    at_compute = compute_words or f"{compute_us:g} us of compute"
     out = []
     # tokens: scan a doubling grid from 1 to 16 K tokens per step
     grid = sorted({2 ** i for i in range(15)} | set(tokens))
@@ -250,11 +256,12 @@ def what_would_change(model: Model, tokens: Sequence[int], compute_us: float, kw
             t = _flip_tokens(model, t0, t1, compute_us, kw)
             choice, deciding = _decide_at(model, t, compute_us, kw)
             mark = _extrapolated(deciding)
-            out.append(f"from {_n(t)} tokens per step, {choice} wins (predicted at {compute_us:g} us of compute"
+            out.append(f"from {_n(t)} tokens per step, {choice} wins (predicted at {at_compute}"
                        + (f"; {mark})" if mark else ")"))
     if not out:
-        out.append(f"{choices[0][1]} at every token count from 1 to {_n(grid[-1])} (predicted at {compute_us:g} us "
-                   "of compute)")
+        out.append(f"{choices[0][1]} at every token count from 1 to {_n(grid[-1])} (predicted at {at_compute})")
+    if compute_words:  # decoder layers: their time is measured, not a length to scan
+        return out
     # compute: for each asked token count, the compute at which the choice flips (0 .. 2 000 us)
     for t in tokens:
         here = _choice_at(model, t, compute_us, kw)
@@ -295,12 +302,14 @@ ASSUMPTIONS = [
     "at fewer or equal rows; no step below its compute; every per-row and per-compute slope >= 0",
     "'vs HBM' is against the resident row a server would run instead: ids on the device, the option's timer "
     "and id distribution, the fastest graph mode (never a row of another timer)",
+    "one compute kind: a path is fitted, and its compute pooled, only over steps of the same compute (the "
+    "matmul chain, whose length is fitted; or one decoder configuration, whose measured time is its own)",
 ]
 
 
 def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, tokens: Sequence[int],
                  compute_us: float, w: WhatIf, hbm_bytes: int | None, host_bytes: int | None,
-                 graph_modes: str = "replayed") -> ModelAdvice:
+                 graph_modes: str = "replayed", compute_words: str | None = None) -> ModelAdvice:
     kw = dict(heads=heads, table_bytes=table_bytes, w=w, hbm_bytes=hbm_bytes, host_bytes=host_bytes,
               row_bytes=row_bytes, graph_modes=graph_modes)
     answers = []
@@ -326,6 +335,6 @@ def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, 
     from dataclasses import asdict
 
     return ModelAdvice(what_if=asdict(w), answers=answers, verdict=verdict,
-                       what_would_change=what_would_change(model, tokens, compute_us, kw),
+                       what_would_change=what_would_change(model, tokens, compute_us, kw, compute_words),
                        loo_overall=asdict(model.loo_overall), rates=asdict(model.rates), assumptions=ASSUMPTIONS,
                        extrap_overall=asdict(model.extrap_overall))

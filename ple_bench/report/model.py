@@ -4,10 +4,13 @@ cores), calibrated on what runs measured, its error measured two ways, every pre
 below by what is physically possible.
 
 Reads stored records and meta.json ceilings only (never measures).  A *path* is everything that
-makes two step records the same configuration but tokens, table and compute: impl · kernel,
+makes two step records the same configuration but tokens, table and compute length: impl · kernel,
 prefetch, ids on host/device, graph mode, SM limit, hot-row cache size, gather threads, the
 **timer** (``cuda_event`` and ``host_sync`` figures are never fitted together, nor compared), the
-id distribution (``ids``) and the host allocation (``host_alloc``; "" for a resident table).
+id distribution (``ids``), the host allocation (``host_alloc``; "" for a resident table) and the
+**compute kind** (``compute``: the matmul chain, whose length ``compute_us`` the model fits, or one
+decoder configuration -- shape, layers, context -- whose measured time is its own; the two are
+never fitted together, nor their compute pooled: :mod:`ple_bench.report.compute_kind`).
 
 Every slope below (per row, per microsecond of compute) is fitted non-negative (bounded least
 squares, :func:`scipy.optimize.lsq_linear`); intercepts are free except the lookup's (>= 0: a
@@ -17,7 +20,7 @@ lookup of no rows takes no negative time).
   lookup) over every path of the same timer, graph mode and id placement (falling back to the
   same timer and graph mode, then the same timer -- never across timers; a path with fewer pooled
   steps, or a resident step's host-sync twin, fits its own): the compute does not depend on the
-  lookup path.  ``C >= 0``.
+  lookup path; never across compute kinds.  ``C >= 0``.
 * **lookup alone** ``L = l0 + l1 · rows · (table / 32 GiB)^δ`` -- on the path's ``lookup_ms``.
   ``δ`` is how the row rate falls with the table (TLB / page-walk reach): fitted from the runs'
   lookup records of pinned kernel paths at several table sizes (≥ 4 GiB), and from the
@@ -71,6 +74,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from ..record import device_resident, num
+from .compute_kind import compute_kind
 from .data import KERNEL_FREE_IMPLS
 
 GIB = 1 << 30
@@ -99,6 +103,9 @@ class PathKey(NamedTuple):
     timer: str
     ids: str
     host_alloc: str  # "" for a device-resident table (no host allocation)
+    #: the compute kind (:func:`ple_bench.report.compute_kind.compute_kind`): "matmul", or one decoder
+    #: configuration -- a memory-bound decoder step is never fitted, nor its compute pooled, with the chain
+    compute: str = "matmul"
 
 
 def path_key(r: dict[str, Any]) -> PathKey:
@@ -106,7 +113,7 @@ def path_key(r: dict[str, Any]) -> PathKey:
                    _s(r.get("ids_on")) or "device", _s(r.get("graph")) or "eager",
                    int(num(r.get("sm_limit")) or 0), int(num(r.get("cache_rows")) or 0),
                    int(num(r.get("gather_threads")) or 0), _s(r.get("timer")), _s(r.get("ids")),
-                   "" if device_resident(r) else _s(r.get("host_alloc")))
+                   "" if device_resident(r) else _s(r.get("host_alloc")), compute_kind(r))
 
 
 def path_label(key: Sequence) -> str:
@@ -125,7 +132,8 @@ def path_id(key: PathKey) -> str:
     """The path in words, every part of its key named."""
     out = f"{path_label(key)} | prefetch {'on' if key.prefetch else 'off'} | ids {key.ids_on} | {key.graph}"
     out += f" | {key.timer or 'timer ?'} | {key.ids or 'ids ?'}"
-    return out + (f" | alloc {key.host_alloc}" if key.host_alloc else "")
+    out += f" | alloc {key.host_alloc}" if key.host_alloc else ""
+    return out + (f" | {key.compute}" if key.compute != "matmul" else "")
 
 
 @dataclass
@@ -352,7 +360,7 @@ def compute_fit(points: Sequence[Point], key: PathKey) -> ComputeFit | None:
     host clock's extra)."""
     if any(p.host_twin and p.key == key for p in points):
         return None
-    points = [p for p in points if not p.host_twin]
+    points = [p for p in points if not p.host_twin and p.key.compute == key.compute]  # one compute kind
     levels = (("timer, graph, ids placement", lambda p: (p.key.timer, p.key.graph, p.key.ids_on)
                == (key.timer, key.graph, key.ids_on)),
               ("timer, graph", lambda p: (p.key.timer, p.key.graph) == (key.timer, key.graph)),
@@ -366,10 +374,10 @@ def compute_fit(points: Sequence[Point], key: PathKey) -> ComputeFit | None:
 
 
 def compute_fits(points: Sequence[Point]) -> dict[tuple, ComputeFit | None]:
-    """:func:`compute_fit` for every (timer, graph, ids placement) of ``points``."""
+    """:func:`compute_fit` for every (timer, graph, ids placement, compute kind) of ``points``."""
     out: dict[tuple, ComputeFit | None] = {}
     for p in points:
-        k = (p.key.timer, p.key.graph, p.key.ids_on)
+        k = (p.key.timer, p.key.graph, p.key.ids_on, p.key.compute)
         if k not in out:
             out[k] = compute_fit(points, p.key)
     return out
@@ -630,7 +638,7 @@ def _groups(points: Sequence[Point]) -> dict[tuple, list[Point]]:
 
 def fit(points: Sequence[Point], rates: Rates) -> dict[tuple, PathFit]:
     computes = compute_fits(points)
-    return {k: fit_path(ps, rates, computes[(k.timer, k.graph, k.ids_on)]) for k, ps in _groups(points).items()}
+    return {k: fit_path(ps, rates, computes[(k.timer, k.graph, k.ids_on, k.compute)]) for k, ps in _groups(points).items()}
 
 
 def config_group(p: Point) -> tuple:

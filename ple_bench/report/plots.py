@@ -690,6 +690,9 @@ def plot_topology(run: Run) -> Plot | None:
 
 
 def make_plots(run: Run) -> list[Plot]:
+    # imported here, not at the top: plots_traffic imports this module's Plot and constants
+    from .plots_traffic import plot_decoder, plot_traffic
+
     makers: list[Callable[[], Plot | None]] = [
         lambda: plot_bandwidth(run, "table_bytes"),
         lambda: plot_bandwidth(run, "row_bytes"),
@@ -699,6 +702,8 @@ def make_plots(run: Run) -> list[Plot]:
         lambda: plot_step_overlap(run),
         lambda: plot_step_vs_tokens(run),
         lambda: plot_step_vs_tokens(run, scoped=False),
+        lambda: plot_traffic(run),
+        lambda: plot_decoder(run),
     ]
     out = []
     for make in makers:

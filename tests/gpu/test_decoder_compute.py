@@ -2,7 +2,8 @@
 shape: captured as one full graph and in a breakable graph around a prefetched lookup, replayed
 with fresh ids it passes the step's check (embeddings bit-exact, output = the layers + the
 consumer), its output is finite; measured through run_step_case it is memory-bound: its HBM
-bandwidth is more than 20 % of the run's device-copy ceiling at 256 tokens, context 4096.
+bandwidth is more than 20 % of the run's device-copy ceiling at 256 tokens, context 4096, and at
+most the run's read-only HBM ceiling (ple_bench/measure/hbm_read.py), whose kernel reads every byte.
 
 ``python -m pytest -m gpu tests/gpu/test_decoder_compute.py``; skipped with the reason elsewhere."""
 
@@ -70,6 +71,27 @@ def test_decoder_step_is_memory_bound_against_the_d2d_ceiling():
         # 2 layers x (0.39 GB of weights + 4.3 GB of KV cache) per step
         assert rec["compute_bytes"] > 9e9
         assert rec["compute_pct_of_d2d"] > 20, (impl, rec["compute_hbm_gbps"], ceilings["d2d_gbps"])
+        # the read-only ceiling of the same run bounds what the layers read (a ceiling below it is wrong)
+        assert ceilings["hbm_read_gbps"] >= rec["compute_hbm_gbps"], (impl, ceilings, rec["compute_hbm_gbps"])
+        assert 0 < rec["compute_pct_of_hbm_read"] <= 100, (impl, rec["compute_pct_of_hbm_read"])
         print(f"{impl}: compute {rec['compute_ms']:.3f} ms, {rec['compute_hbm_gbps']:.0f} GB/s = "
-              f"{rec['compute_pct_of_d2d']:.0f} % of d2d {ceilings['d2d_gbps']:.0f} GB/s; step {rec['step_ms']:.3f} "
+              f"{rec['compute_pct_of_d2d']:.0f} % of d2d {ceilings['d2d_gbps']:.0f} GB/s, "
+              f"{rec['compute_pct_of_hbm_read']:.0f} % of the HBM read ceiling {ceilings['hbm_read_gbps']:.0f} GB/s "
+              f"(torch.sum {ceilings['hbm_read_gbps_torch_sum']:.0f}, Triton {ceilings['hbm_read_gbps_triton_stream']:.0f}); step {rec['step_ms']:.3f} "
               f"ms, full graph {rec['full_step_ms']:.3f} ms, slowdown {rec['compute_slowdown']:+.3f}")
+
+
+def test_the_hbm_read_ceiling_reads_every_byte_and_beats_a_copy():
+    """The read kernel reaches every element of a device buffer; reading alone moves at least the
+    bytes per second a device copy reads (half of d2d_gbps, which counts read + write)."""
+    from ple_bench.measure.ceilings import measure_ceilings
+    from ple_bench.measure.hbm_read import BLOCK, check_stream_read
+
+    gen = torch.Generator(device=DEV).manual_seed(6)
+    assert check_stream_read(torch.randn(1000 * BLOCK + 17, generator=gen, device=DEV))
+    ceilings = measure_ceilings(DEV, budget_s=2.0, pinned_table_bytes=256 << 20)
+    assert not [k for k in ceilings if k.startswith("hbm_read_error")], ceilings  # both read kernels ran
+    assert ceilings["hbm_read_bytes"] >= 256 << 20
+    assert ceilings["hbm_read_gbps"] >= ceilings["d2d_gbps"] / 2, ceilings
+    print(f"HBM read {ceilings['hbm_read_gbps']:.0f} GB/s (torch.sum {ceilings['hbm_read_gbps_torch_sum']:.0f}, "
+          f"Triton {ceilings['hbm_read_gbps_triton_stream']:.0f}) vs d2d {ceilings['d2d_gbps']:.0f} GB/s")
