@@ -39,9 +39,10 @@ the graph does; a prefetch's side stream waits for the main stream's work), so a
 node never overwrites rows a copy has not read.  An id past the table does not crash the
 host node: its row is filled with 0x7F bytes (never a valid row) and the task records
 the first such id; :meth:`PinnedHostGraphEmbedding.check_deferred_errors` (after a sync)
-raises ``IndexError``.  Tasks live in the native object; on :meth:`close` they are retired
-(kept for the process, touching nothing), so a graph replayed after close does no harm
-and is reported as a stale run.
+raises ``IndexError``.  Tasks live in the native object; on :meth:`close`, or when a larger
+batch needs larger buffers (a new case on the same table), they are retired (kept for the
+process, touching nothing; the old buffers kept until close), so a graph captured before
+does no harm if replayed: its rows are stale, which the step's byte check catches.
 
 One rank owns the whole table (ETP = DP = 1): the ETP reduce and the DP id gather are not
 captured here (a host node cannot take part in a collective); other topologies are
@@ -102,6 +103,8 @@ class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
         self._capture_ids: torch.Tensor | None = None  # pinned uint8 [capacity * 8]: captured device ids
         self._eager_tasks: dict[tuple[int, bool], int] = {}  # (rows, int32 ids) -> task
         self._captured: list[tuple[int, torch.Tensor]] = []  # (task, the ids tensor it reads)
+        # buffers of retired tasks that a captured graph's memcpy nodes still name (freed on close)
+        self._kept: list[tuple] = []
         self._ids_free: RawEvent | None = None  # the last eager host function has read _eager_ids
         self._ids_busy = False
         self._host_pending: tuple | None = None  # start_prefetch -> finalize: (tokens, rows, ids)
@@ -114,14 +117,14 @@ class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
         """Staging, ids buffers and the native object for ``rows`` rows at least (eagerly)."""
         if rows <= self._capacity and (self._native is not None or self._staging is not None):
             return
-        if self._captured:
-            raise RuntimeError(f"pinned_host_graph: {rows} rows exceed the {self._capacity} the captured "
-                               "graphs' staging holds (set max_tokens before capturing)")
         if not self.functional:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("pinned_host_graph buffers must be allocated eagerly, before a graph capture")
             torch.cuda.synchronize(self.device)  # nothing may still use the old buffers
         self._retire()
+        if self._captured:  # graphs captured with the old buffers may outlive this: keep them alive
+            self._kept.append((self._staging, self._eager_ids, self._capture_ids, list(self._captured)))
+            self._captured.clear()
         cap = max(rows, self._capacity, max(1, self.max_tokens) * self.num_heads)
         pin = not self.functional
         self._staging = torch.empty(cap, self.row_bytes, dtype=torch.uint8, pin_memory=pin)
@@ -334,6 +337,7 @@ class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
             torch.cuda.synchronize(self.device)  # no host node still runs
         self._retire()
         self._captured.clear()
+        self._kept.clear()
         self._staging = None
         self._eager_ids = None
         self._capture_ids = None

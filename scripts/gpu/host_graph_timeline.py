@@ -1,19 +1,21 @@
-"""Where a host-graph step's time goes (issue 26), on the host clock, replay by replay.
+"""Where a host-graph step's time goes (issue 26), on the host clock, replay by replay, all paths
+in ONE process (so every variant of a shape runs the same calibrated compute: the suite's workers
+calibrate theirs each, which can differ by one matmul).
 
-For the resident table (HBM, ids on the device) and ``pinned_host_graph`` (pinned host table,
-ids on the host) at one decode shape, each step replayed as ONE CUDA graph after the ids are
-written (the step's ``set_inputs``, which synchronizes first, as a server's scheduler does):
+Per table and shape (tokens x compute), variants: the resident table (HBM, ids on the device,
+full graph), ``pinned_host_graph`` (full graph and breakable), ``pinned_cpu_gather`` (breakable,
+the same pinned table); each step replayed after the ids are written (the step's ``set_inputs``,
+which synchronizes first, as a server's scheduler does):
 
 * ``step_us``: replay launch -> synchronize returns (the host-sync timer's sample, without the feed);
-* ``compute_us``: the same for the step's full graph without its lookup (compute + consumer):
-  the physical limit of any lookup path;
+* ``compute_us``: the same for the step's graph without its lookup (compute + consumer) -- the
+  resident full graph's is the physical limit of any lookup path;
 * host graph only, from the host node's own timestamps (native ``HostGraphGather.timing``):
   ``node_start_us`` (launch -> the host node starts: the graph's fork and the driver's callback
   hand-off), ``gather_us`` (the row loop), ``tail_us`` (the host node ends -> synchronize returns:
   the copy node, the join and whatever compute is left);
-* ``--threads`` sweeps the host node's OpenMP threads on the same table (one fill).
 
-    python scripts/gpu/host_graph_timeline.py --vocab 214748364 --tokens 256 --compute-us 200
+    python scripts/gpu/host_graph_timeline.py --vocab 214748364 320001536 --shapes 64x150 256x200 512x200
 
 Prints one JSON line per variant (medians over ``--reps`` replays)."""
 
@@ -35,8 +37,8 @@ def _med(xs):
     return round(statistics.median(xs), 2) if xs else None
 
 
-def _replays(step, kind, sets, reps, backend=None):
-    run = step.runner(kind, "full")
+def _replays(step, kind, sets, reps, backend=None, mode="full"):
+    run = step.runner(kind, mode)
     out = {"step_us": [], "node_start_us": [], "gather_us": [], "tail_us": []}
     for i in range(reps + 5):
         step.set_inputs(sets[i % len(sets)])
@@ -55,57 +57,68 @@ def _replays(step, kind, sets, reps, backend=None):
     return {k: _med(v) for k, v in out.items() if v}
 
 
+def _shared(cls, weight):
+    """``cls`` reading ``weight`` (one pinned table filled once for several paths)."""
+    return type(f"Shared{cls.__name__}", (cls,), {"allocate_table": lambda self, r, d, dt: weight})
+
+
+VARIANTS = (  # name, backend key, graph mode, prefetch, ids_on
+    ("resident_full", "device", "full", False, "device"),
+    ("host_graph_full", "host_graph", "full", True, "host"),
+    ("cpu_gather_breakable", "cpu_gather", "breakable", True, "host"),
+    ("host_graph_breakable", "host_graph", "breakable", True, "host"),
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=214748364)
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--compute-us", type=float, default=200.0)
+    ap.add_argument("--vocab", type=int, nargs="+", default=[214748364])
+    ap.add_argument("--shapes", nargs="+", default=["256x200"],
+                    help="TOKENSxCOMPUTE_US pairs, e.g. 64x150 256x200 512x200")
     ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--threads", type=int, nargs="*", default=[16])
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=0, help="host-node threads (0: the default)")
     ap.add_argument("--host-alloc", default="exact")
+    ap.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS])
     args = ap.parse_args()
     heads, dim, seed = 16, 160, 11
-    sets = [make_ids("uniform", args.tokens, heads, args.vocab, seed=s) for s in range(8)]
-
-    dev = get_backend("device")(args.vocab, dim, dtype="fp8", num_heads=heads, max_tokens=args.tokens,
-                                device="cuda", kernel="triton_reference")
-    dev.fill_synthetic(seed, scale=0.5)
-    step = DecodeStep(dev, hidden=args.hidden, num_tokens=args.tokens, compute_us=args.compute_us,
-                      prefetch=False, graph="full", ids_on="device")
-    check_step(step, sets, seed)
-    res = {"variant": "resident_full", **_replays(step, "step", sets, args.reps),
-           "compute_us": _replays(step, "compute", sets, args.reps)["step_us"]}
-    print(json.dumps(res), flush=True)
-    step.close()
-    dev.close()
-    del dev, step
-    torch.cuda.empty_cache()
-
-    cls = get_backend("pinned_host_graph")
-    first = None
-    for threads in args.threads:
-        if first is None:
-            b = cls(args.vocab, dim, dtype="fp8", num_heads=heads, max_tokens=args.tokens, device="cuda",
-                    host_alloc=args.host_alloc, gather_threads=threads)
-            b.fill_synthetic(seed, scale=0.5)
-            first = b
-        else:  # the same table, another host node (one fill)
-            weight = first.weight
-            shared = type("SharedHostGraph", (cls,), {"allocate_table": lambda self, r, d, dt: weight})
-            b = shared(args.vocab, dim, dtype="fp8", num_heads=heads, max_tokens=args.tokens, device="cuda",
-                       gather_threads=threads)
-            b.set_scale(0.5)
-        step = DecodeStep(b, hidden=args.hidden, num_tokens=args.tokens, compute_us=args.compute_us,
-                          prefetch=True, graph="full", ids_on="host")
-        check_step(step, sets, seed)
-        rec = {"variant": f"host_graph_full_t{threads}", **_replays(step, "step", sets, args.reps, b),
-               "compute_us": _replays(step, "compute", sets, args.reps)["step_us"]}
-        print(json.dumps(rec), flush=True)
-        step.close()
-        if b is not first:
+    shapes = [(int(a), float(b)) for a, b in (x.split("x") for x in args.shapes)]
+    max_tokens = max(t for t, _ in shapes)
+    for vocab in args.vocab:
+        backends = {}
+        dev = get_backend("device")(vocab, dim, dtype="fp8", num_heads=heads, max_tokens=max_tokens,
+                                    device="cuda", kernel="triton_reference")
+        dev.fill_synthetic(seed, scale=0.5)
+        backends["device"] = dev
+        hg = get_backend("pinned_host_graph")(vocab, dim, dtype="fp8", num_heads=heads, max_tokens=max_tokens,
+                                              device="cuda", host_alloc=args.host_alloc,
+                                              gather_threads=args.threads)
+        hg.fill_synthetic(seed, scale=0.5)
+        backends["host_graph"] = hg
+        cg = _shared(get_backend("pinned_cpu_gather"), hg.weight)(vocab, dim, dtype="fp8", num_heads=heads,
+                                                                  max_tokens=max_tokens, device="cuda")
+        cg.set_scale(0.5)
+        backends["cpu_gather"] = cg
+        for tokens, compute_us in shapes:
+            sets = [make_ids("uniform", tokens, heads, vocab, seed=s) for s in range(8)]
+            for name, key, graph, prefetch, ids_on in VARIANTS:
+                if name not in args.variants:
+                    continue
+                b = backends[key]
+                step = DecodeStep(b, hidden=args.hidden, num_tokens=tokens, compute_us=compute_us,
+                                  prefetch=prefetch, graph=graph, ids_on=ids_on)
+                check_step(step, sets, seed)
+                timing = b if key == "host_graph" and graph == "full" else None
+                step_t = _replays(step, "step", sets, args.reps, timing, graph)
+                comp_t = _replays(step, "compute", sets, args.reps, None, graph)
+                print(json.dumps({"vocab": vocab, "tokens": tokens, "compute_target_us": compute_us,
+                                  "variant": name, "matmuls": step.compute_matmuls, **step_t,
+                                  "compute_us": comp_t["step_us"]}), flush=True)
+                step.close()
+        for b in (cg, hg, dev):
             b.close()
-    first.close()
+        del backends, cg, hg, dev
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
