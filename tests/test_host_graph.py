@@ -55,6 +55,11 @@ def test_the_host_node_runs_the_native_row_loop_when_it_builds():
     if host_gather_module() is not None:
         assert b.stats()["gather_impl"] == "host_node"
         assert sum(t["runs"] for t in b.host_node_timing()) == 1
+        spent = b.host_thread_s  # the host node's thread's CPU time, counted as the path's host work
+        assert spent > 0 and spent == pytest.approx(sum(t["cpu_s"] for t in b.host_node_timing()))
+        b.set_max_tokens(64)
+        b.lookup(_ids(4, tokens=64))  # new buffers: the old tasks retire, their time stays counted
+        assert b.host_thread_s > spent
     b.close()
     b.close()
 

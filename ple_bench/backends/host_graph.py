@@ -147,6 +147,7 @@ class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
 
     def _retire(self) -> None:
         if self._native is not None:
+            self._host_s_base += self._live_host_s()
             self._native.retire()
         self._native = None
         self._eager_tasks.clear()
@@ -246,18 +247,36 @@ class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
                 raise IndexError(f"index {bad_id} (position {pos}) is out of range for a table of "
                                  f"{self.shard.num_valid} rows (pinned_host_graph host node)")
 
+    @property
+    def host_thread_s(self) -> float:
+        """CPU time of the threads that ran this path's host nodes (the CUDA driver's callback
+        thread, or the caller's in functional mode; the OpenMP team's other threads are not
+        counted, as the CPU gather counts its calling thread only), retired tasks included."""
+        return self._host_s_base + self._live_host_s()
+
+    @host_thread_s.setter
+    def host_thread_s(self, value: float) -> None:  # the base constructor zeroes it
+        self._host_s_base = float(value) - self._live_host_s()
+
+    def _live_host_s(self) -> float:
+        nat = getattr(self, "_native", None)
+        if nat is None:
+            return 0.0
+        return sum(nat.timing(t)[5] for t in range(nat.tasks())) / 1e9
+
     def host_node_timing(self) -> list[dict[str, float]]:
         """Per task: ``runs`` and the wall time of the host node's gather (``last_us``, ``mean_us``),
-        and its last start/end on the host's monotonic clock (``last_start_ns``, ``last_end_ns``)."""
+        its last start/end on the host's monotonic clock (``last_start_ns``, ``last_end_ns``) and
+        the CPU time of the thread that ran it (``cpu_s``, every run together)."""
         nat = self._native
         out = []
         if nat is None:
             return out
         for task in range(nat.tasks()):
-            runs, stale, start, end, total = nat.timing(task)
+            runs, stale, start, end, total, cpu = nat.timing(task)
             out.append({"task": task, "runs": runs, "stale_runs": stale, "last_start_ns": start,
                         "last_end_ns": end, "last_us": (end - start) / 1e3,
-                        "mean_us": total / 1e3 / runs if runs else None})
+                        "mean_us": total / 1e3 / runs if runs else None, "cpu_s": cpu / 1e9})
         return out
 
     # ----------------------------------------------------------- lookup
