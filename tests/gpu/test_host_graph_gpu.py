@@ -62,6 +62,7 @@ def test_full_graph_step_is_one_graph_and_bit_exact(ids_on):
     check_step(step, sets, SEED)  # replays of the same graph
     after = [t["runs"] for t in b.host_node_timing()]
     assert sum(after) - sum(before) >= len(sets)  # the host node ran once per replay
+    assert b.host_thread_s > 0  # the callback thread's CPU time is the path's host work
     step.close()
     b.close()
 
