@@ -144,3 +144,39 @@ def test_the_verdict_and_advise_rank_the_archived_host_graph_steps():
     a = advise(table_bytes=32 << 30, dim=160, dtype="fp8", heads=16, tokens=[256], compute_us=200, records=recs)
     paths = {o.path for o in a.answers[0].options}
     assert "pinned_host_graph" in paths
+
+
+HOST_GRAPH_SUITE = """
+[suite]
+description = "pinned_host_graph, functional"
+[suite.timing]
+warmup_ms = 0
+min_samples = 3
+max_samples = 5
+max_time_s = 0.2
+[defaults]
+vocab_size = 4096
+dim = 16
+dtype = "fp8"
+num_heads = 4
+num_tokens = 8
+[[group]]
+name = "host graph"
+kind = ["lookup", "step"]
+impl = "pinned_host_graph"
+prefetch = ["on", "off"]
+compute_us = 20
+hidden = 64
+ids_on = ["host", "device"]
+"""
+
+
+def test_a_functional_run_passes_the_gate_for_every_case(tmp_path):
+    """``python -m ple_bench run`` on a CPU: the path's lookups and steps pass the engine's gate."""
+    from tests.test_cli import run_suite_text
+
+    run_dir, _ = run_suite_text(tmp_path, HOST_GRAPH_SUITE)
+    recs = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line.strip()]
+    mine = [r for r in recs if r["impl"] == "pinned_host_graph"]
+    assert mine and all(r["status"] == "ok" for r in mine), [(r["case_id"], r.get("error")) for r in mine]
+    assert {r["gather_impl"] for r in mine} <= {"host_node", "python"}
