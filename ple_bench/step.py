@@ -28,8 +28,10 @@ Graph modes (:mod:`ple_bench.graphs`): ``eager``; ``breakable`` -- the backend
 calls (start_prefetch, finalize, lookup) are eager breaks, replayed with this
 step's static id buffer and a DP-count list that :meth:`DecodeStep.set_inputs`
 updates in place; ``full`` -- the whole step is one graph, possible only where
-those calls read nothing on the host (no DP gather) and do no host work (not
-a host path: a host gather cannot be captured).  On a CPU everything runs
+those calls read nothing on the host (no DP gather) and do no host work on the
+calling thread (not a ``blocks_host`` path), or where the backend declares
+``host_work_capturable`` (its host gather is a host node of the graph:
+``pinned_host_graph``).  On a CPU everything runs
 synchronously and eagerly (functional mode); graph modes are
 ``NotImplementedError`` ("needs CUDA"), which the runner records as skipped.
 
@@ -192,7 +194,8 @@ class DecodeStep:
     def check_mode(self, mode: str) -> None:
         """``NotImplementedError`` (-> skipped) where ``mode`` cannot run."""
         replicas = self.backend.topology.replicas
-        if mode == "full" and type(self.backend).blocks_host:
+        cls = type(self.backend)
+        if mode == "full" and cls.blocks_host and not cls.host_work_capturable:
             raise NotImplementedError(
                 f"graph=full: {type(self.backend).__name__} does its lookup on the host (ids on the "
                 f"{self.ids_on}), which a CUDA graph cannot capture; use graph=breakable, whose "
@@ -493,6 +496,7 @@ def check_step(
         step._sync()  # the poison lands before the step, whatever its prefetch waits for
         run()
         step._sync()
+        step.backend.check_deferred_errors()  # e.g. an id past the table met by a graph's host node
         ref = _reference_rows(step, ids, table_seed, dp_token_counts)
         got = step.rows.contiguous().view(torch.uint8)
         want = ref.to(step.rows.device).contiguous().view(torch.uint8)

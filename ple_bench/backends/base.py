@@ -32,7 +32,9 @@ result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
 ``supports_prefetch``, ``table_in_host_memory``, ``blocks_host``,
 ``reads_ids_on_host``, ``gathers_on_host`` (the host's cores gather the rows: the host-gather
 ceiling binds the path), ``takes_table`` (its constructor takes ``table=``, a filled table another
-backend gave up with :meth:`PLEEmbedding.hand_over_table`), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+backend gave up with :meth:`PLEEmbedding.hand_over_table`), ``host_work_capturable`` (the path's
+host work is enqueued as stream work -- host functions and copies -- so a CUDA graph captures it
+whole: the engine allows ``graph = "full"`` for it), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
 sample of past traffic before it is measured), ``side_stream_settings`` (which
 of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
@@ -50,7 +52,9 @@ kernel (:meth:`PLEEmbedding.set_kernel`).
 ``slot_size``, ``gather_ids``, ``local_lookup``, ``reduce_rows``; and what a
 path reports about itself: ``stats``/``reset_stats`` (e.g. a ``hit_rate``),
 ``host_thread_s``, ``prefetch_buffer``, ``prefetch_stream``,
-``sm_limit_granted``, ``green_via``, ``host_allocation``.
+``sm_limit_granted``, ``green_via``, ``host_allocation``; ``check_deferred_errors``
+(after a sync: raise what the path's asynchronous host work recorded, e.g. an id past the
+table met by a graph's host node).
 
 A subclass customises the lookup by overriding the public operations
 (``local_lookup`` above all); the names they had before the contract
@@ -112,6 +116,7 @@ CAPABILITIES: dict[str, type | tuple[type, ...]] = {
     "blocks_host": bool,
     "reads_ids_on_host": bool,
     "gathers_on_host": bool,
+    "host_work_capturable": bool,
     "warms_cache": bool,
     "takes_table": bool,
     "default_kernel": str,
@@ -154,6 +159,10 @@ class PLEEmbedding(ABC):
     #: binds the path; a path that reads the ids on the host without gathering (copy engines)
     #: is held against the host->device copy ceiling instead
     gathers_on_host: ClassVar[bool] = False
+    #: the path's host work runs as stream work (a host function enqueued with
+    #: ``cudaLaunchHostFunc``, then a copy), which a CUDA graph captures: a full graph of the
+    #: step is possible even where the path reads the ids on the host
+    host_work_capturable: ClassVar[bool] = False
     #: :meth:`warm_cache` fills a cache from a sample of past traffic: the engine calls it
     #: (with an independent sample of the case's id distribution) before checking and timing
     warms_cache: ClassVar[bool] = False
@@ -316,6 +325,11 @@ class PLEEmbedding(ABC):
     def warm_cache(self, ids_sample: torch.Tensor | None = None) -> Any:
         """Fill a cache from ``ids_sample`` (global ids of past traffic); called
         by the engine when ``warms_cache`` is declared.  Nothing to do by default."""
+        return None
+
+    def check_deferred_errors(self) -> None:
+        """Raise what the path's asynchronous work recorded since the last call (the engine
+        calls it after a sync, e.g. after a graph replay); nothing by default."""
         return None
 
     def stats(self) -> dict[str, Any]:

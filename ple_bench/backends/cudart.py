@@ -11,8 +11,9 @@ import functools
 import os
 from typing import Any
 
-#: cudaMemcpyHostToDevice
+#: cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 MEMCPY_H2D = 1
+MEMCPY_D2H = 2
 
 
 def loaded_libcudart() -> str | None:
@@ -31,7 +32,8 @@ def loaded_libcudart() -> str | None:
 def runtime() -> Any | None:
     """The loaded libcudart as a ctypes library with the few calls the host paths
     make typed (``cudaMemcpyAsync``; event create / record / synchronize / destroy,
-    stream wait), or None (no libcudart loaded, or ``PLE_BENCH_RAW_CUDART=0``)."""
+    stream wait; ``cudaLaunchHostFunc``, whose address the host-graph path hands to its
+    native module), or None (no libcudart loaded, or ``PLE_BENCH_RAW_CUDART=0``)."""
     if os.environ.get("PLE_BENCH_RAW_CUDART") == "0":
         return None
     path = loaded_libcudart()
@@ -43,7 +45,8 @@ def runtime() -> Any | None:
         for name, args in (("cudaMemcpyAsync", [vp, vp, ctypes.c_size_t, i, vp]),
                            ("cudaEventCreateWithFlags", [ctypes.POINTER(vp), ctypes.c_uint]),
                            ("cudaEventRecord", [vp, vp]), ("cudaEventSynchronize", [vp]),
-                           ("cudaEventDestroy", [vp]), ("cudaStreamWaitEvent", [vp, vp, ctypes.c_uint])):
+                           ("cudaEventDestroy", [vp]), ("cudaStreamWaitEvent", [vp, vp, ctypes.c_uint]),
+                           ("cudaLaunchHostFunc", [vp, vp, vp])):
             fn = getattr(lib, name)
             fn.argtypes = args
             fn.restype = i
@@ -108,6 +111,22 @@ def current_stream_handle(device_index: int) -> int:
     if raw is not None:
         return raw(device_index)
     return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def function_address(name: str) -> int:
+    """The address of libcudart's ``name`` (for a native module that calls it), 0 without a runtime."""
+    lib = runtime()
+    if lib is None:
+        return 0
+    return int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
+
+
+def memcpy_raw(dest_ptr: int, src_ptr: int, nbytes: int, kind: int, stream_handle: int) -> None:
+    """One raw ``cudaMemcpyAsync`` of ``kind`` (:data:`MEMCPY_H2D`, :data:`MEMCPY_D2H`) on
+    ``stream_handle``; also valid during a stream capture (a memcpy node of the graph)."""
+    err = memcpy_async()(dest_ptr, src_ptr, nbytes, kind, stream_handle)
+    if err != 0:
+        raise RuntimeError(f"cudaMemcpyAsync (kind {kind}, {nbytes} bytes) failed: cudaError {err}")
 
 
 def memcpy_h2d_raw(dest_ptr: int, src_ptr: int, nbytes: int, stream_handle: int) -> None:

@@ -38,8 +38,10 @@ the calling thread (a blocking device->host copy first when the ids are on the
 device).  Only the host work itself is counted in ``host_thread_s``: waits for
 the ids or for a free staging buffer are not CPU work.
 
-Host work cannot be captured in a CUDA graph: these paths run eagerly, or as
-eager breaks of a breakable graph (see :mod:`ple_bench.graphs`).
+Host work done on the calling thread cannot be captured in a CUDA graph: these
+paths run eagerly, or as eager breaks of a breakable graph (see
+:mod:`ple_bench.graphs`).  :mod:`.host_graph` (``pinned_host_graph``) does the
+same gather as a host node of the graph instead, captured whole.
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ def _load_builtin() -> None:
         from . import copy_engine  # noqa: F401  (row copies by the copy engines)
     except ImportError:
         pass
+    try:
+        from . import host_graph  # noqa: F401  (the host gather as graph-capturable host nodes)
+    except ImportError:
+        pass
 
 
 def backend_names() -> list[str]:

@@ -59,6 +59,11 @@ kernel = "triton_reference"
 [[group]]
 name = "cpu gather"
 impl = "pinned_cpu_gather"
+
+[[group]]
+name = "cpu gather in the graph"
+impl = "pinned_host_graph"
+graph = "{host_graph_mode}"
 """
 
 #: without a GPU (``--functional-check``): the code paths on a small table, one token count, one compute
@@ -74,6 +79,7 @@ def suite_text(*, dim: int, dtype: str, heads: int, table_bytes: int, tokens: li
     tokens = list(tokens) if gpu else list(tokens[:1])
     text = SUITE_TEMPLATE.format(graph="breakable" if gpu else "eager",
                                  resident_graphs='["breakable", "full"]' if gpu else '["eager"]',
+                                 host_graph_mode="full" if gpu else "eager",
                                  shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
                                  dim=dim, heads=heads, table_bytes=table_bytes, tokens=tokens,
                                  computes=[c if c != int(c) else int(c) for c in computes])

@@ -3,8 +3,9 @@ extension builder and cached per machine (``~/.cache/torch_extensions``, or
 ``TORCH_EXTENSIONS_DIR``): one build per source, flags, compiler and torch, shared by
 every process and checkout (:func:`build_dir`, :func:`_source_in`).
 
-Only the CPU gather's direct path has one: :func:`host_gather_module` gives the
-module with ``HostGather`` (host_gather.cpp), or None when it cannot be had -- no
+One source, host_gather.cpp: :func:`host_gather_module` gives the module with
+``HostGather`` (the CPU gather's direct path) and ``HostGraphGather`` (the host-graph
+path's host node, backends/host_graph.py), or None when it cannot be had -- no
 C++ compiler, no ninja, a build error, or ``PLE_BENCH_NATIVE=0`` -- and
 :func:`native_status` says which and why.  Without it the same path runs in
 Python (slower by the Python around the call: docs/lookup-paths.md)."""
@@ -137,3 +138,12 @@ def new_host_gather(*args):
         raise native_error(g)
     return g
 
+
+
+def new_host_graph_gather(*args):
+    """``HostGraphGather(*args)`` of the built module (``host_gather_module()`` must not be
+    None), raising :func:`native_error` if its arguments were refused."""
+    g = host_gather_module().HostGraphGather(*args)
+    if g.error()[0]:
+        raise native_error(g)
+    return g

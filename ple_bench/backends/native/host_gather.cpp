@@ -29,7 +29,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
+#include <mutex>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -286,6 +289,228 @@ class HostGather {
   std::string err_msg_;
 };
 
+// ---------------------------------------------------------------- the host node
+using host_fn = void (*)(void*);
+using launch_host_fn = int (*)(void*, host_fn, void*);  // cudaLaunchHostFunc(stream, fn, user_data)
+
+// One host node's work: the rows of ``n`` ids (read from ``ids`` when the node runs) into
+// ``staging``. Owned by a HostGraphGather; retired (``table`` null) when it closes and then
+// kept for the process (a graph captured with it may still be replayed: the node then only
+// counts a stale run, it touches no freed memory).
+struct HostTask {
+  const uint8_t* table = nullptr;
+  int64_t table_rows = 0;
+  int64_t rb = 0;
+  const void* ids = nullptr;
+  bool ids32 = false;
+  int64_t n = 0;
+  uint8_t* staging = nullptr;
+  int threads = 1;
+  int64_t grain = 64;
+  std::atomic<int64_t> bad_pos{-1};  // the first id past the table a run met (position), -1: none
+  std::atomic<int64_t> bad_id{0};
+  std::atomic<int64_t> runs{0};
+  std::atomic<int64_t> stale_runs{0};  // runs after the owner closed (nothing done)
+  std::atomic<int64_t> last_start_ns{0};  // CLOCK_MONOTONIC of the last run's start / end
+  std::atomic<int64_t> last_end_ns{0};
+  std::atomic<int64_t> total_ns{0};  // wall time of every run together
+  std::atomic<int64_t> cpu_ns{0};  // CPU time of the thread that ran the node, every run together
+};
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + int64_t(ts.tv_nsec);
+}
+
+// every row of ``ids``: a row whose id is past the table is filled with 0x7F bytes (never a
+// valid row: e4m3 NaN) and the first such position is returned (-1: none). OpenMP tasks of
+// ``grain`` rows on ``threads`` threads of the calling thread's team (no team for one thread).
+template <typename I>
+int64_t copy_all_rows(const I* ids, int64_t n, const uint8_t* table, int64_t table_rows, int64_t rb, uint8_t* dst,
+                      int threads, int64_t grain) {
+  std::atomic<int64_t> bad{-1};
+  const int64_t tasks = (n + grain - 1) / grain;
+  const int nt = int(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
+  auto body = [&](int64_t t) {
+    const int64_t end = std::min(n, (t + 1) * grain);
+    for (int64_t i = t * grain; i < end; ++i) {
+      const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
+      if (id >= uint64_t(table_rows)) {
+        std::memset(dst + i * rb, 0x7F, size_t(rb));
+        int64_t none = -1;
+        bad.compare_exchange_strong(none, i);
+        continue;
+      }
+      std::memcpy(dst + i * rb, table + id * uint64_t(rb), size_t(rb));
+    }
+  };
+  if (nt == 1) {
+    for (int64_t t = 0; t < tasks; ++t) body(t);
+  } else {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t t = 0; t < tasks; ++t) body(t);
+  }
+  return bad.load();
+}
+
+// the host node (runs on the CUDA driver's callback thread, or on the caller's for ``run``)
+void run_host_task(void* p) {
+  auto* t = static_cast<HostTask*>(p);
+  const int64_t t0 = now_ns();
+  const double c0 = thread_cpu_s();
+  t->last_start_ns.store(t0);
+  if (t->table == nullptr) {
+    t->stale_runs.fetch_add(1);
+    return;
+  }
+  int64_t bad = -1;
+  int64_t id = 0;
+  if (t->ids32) {
+    const auto* q = static_cast<const int32_t*>(t->ids);
+    bad = copy_all_rows(q, t->n, t->table, t->table_rows, t->rb, t->staging, t->threads, t->grain);
+    if (bad >= 0) id = q[bad];
+  } else {
+    const auto* q = static_cast<const int64_t*>(t->ids);
+    bad = copy_all_rows(q, t->n, t->table, t->table_rows, t->rb, t->staging, t->threads, t->grain);
+    if (bad >= 0) id = q[bad];
+  }
+  if (bad >= 0) {
+    int64_t none = -1;
+    if (t->bad_pos.compare_exchange_strong(none, bad)) t->bad_id.store(id);
+  }
+  const int64_t t1 = now_ns();
+  t->last_end_ns.store(t1);
+  t->total_ns.fetch_add(t1 - t0);
+  t->cpu_ns.fetch_add(int64_t(1e9 * (thread_cpu_s() - c0)));
+  t->runs.fetch_add(1);
+}
+
+// tasks of closed HostGraphGathers: kept for the process (see HostTask)
+std::mutex retired_mu;
+std::vector<std::unique_ptr<HostTask>>* retired_tasks = new std::vector<std::unique_ptr<HostTask>>();
+
+class HostGraphGather {
+ public:
+  // table: uint8 [rows, row_bytes] host tensor, contiguous (its first ``valid_rows`` rows are
+  // read); launch: the address of cudaLaunchHostFunc (0 on a host without CUDA: ``run`` only)
+  HostGraphGather(at::Tensor table, int64_t valid_rows, int64_t threads, int64_t grain, int64_t launch_addr)
+      : table_(std::move(table)),
+        valid_rows_(valid_rows),
+        threads_(int(threads)),
+        grain_(grain),
+        launch_(reinterpret_cast<launch_host_fn>(launch_addr)) {
+    if (!(table_.dim() == 2 && table_.scalar_type() == at::kByte && table_.is_contiguous() && table_.device().is_cpu()))
+      valid_ = fail("value", "table must be a contiguous uint8 [rows, row_bytes] host tensor");
+    else if (valid_rows < 0 || valid_rows > table_.size(0))
+      valid_ = fail("value", "valid_rows must be within the table's rows");
+    else if (threads < 1 || grain < 1)
+      valid_ = fail("value", "threads and grain must be >= 1");
+  }
+
+  ~HostGraphGather() { retire(); }
+
+  std::vector<std::string> error() const { return {err_kind_, err_msg_}; }
+
+  // a new task: ``n`` ids (int64, or int32 with ``ids32``) at host address ``ids``, rows into
+  // ``staging`` (host address, n * row_bytes bytes); its index, -1 on failure
+  int64_t task(int64_t ids, int64_t n, bool ids32, int64_t staging) {
+    if (!valid_) return fail("value", "HostGraphGather was built with bad arguments"), -1;
+    if (ids == 0 || staging == 0 || n < 0) return fail("value", "task: null ids or staging, or n < 0"), -1;
+    auto t = std::make_unique<HostTask>();
+    t->table = static_cast<const uint8_t*>(table_.data_ptr());
+    t->table_rows = valid_rows_;
+    t->rb = table_.size(1);
+    t->ids = reinterpret_cast<const void*>(ids);
+    t->ids32 = ids32;
+    t->n = n;
+    t->staging = reinterpret_cast<uint8_t*>(staging);
+    t->threads = threads_;
+    t->grain = grain_;
+    tasks_.push_back(std::move(t));
+    return int64_t(tasks_.size()) - 1;
+  }
+
+  // enqueue task ``i`` as a host function on ``stream`` (captured as a host node during a capture)
+  bool launch(int64_t i, int64_t stream) {
+    HostTask* t = get(i);
+    if (t == nullptr) return false;
+    if (launch_ == nullptr) return fail("value", "launch: no cudaLaunchHostFunc (a host without CUDA)");
+    if (const int e = launch_(reinterpret_cast<void*>(stream), &run_host_task, t))
+      return fail("cuda", "cudaLaunchHostFunc failed: cudaError " + std::to_string(e));
+    return true;
+  }
+
+  // run task ``i`` now, on the calling thread (functional mode, tests)
+  bool run(int64_t i) {
+    HostTask* t = get(i);
+    if (t == nullptr) return false;
+    run_host_task(t);
+    return true;
+  }
+
+  // (position, id) of the first id past the table any run of task ``i`` met since the last
+  // ``clear``, (-1, 0) for none; read after a sync of the stream the task ran on
+  std::vector<int64_t> bad(int64_t i) {
+    HostTask* t = get(i);
+    if (t == nullptr) return {-1, 0};
+    return {t->bad_pos.load(), t->bad_id.load()};
+  }
+
+  void clear(int64_t i) {
+    if (HostTask* t = get(i)) t->bad_pos.store(-1);
+  }
+
+  // (runs, stale runs, last start ns, last end ns, total ns, CPU ns of the running thread) of
+  // task ``i`` (CLOCK_MONOTONIC; the CPU time is CLOCK_THREAD_CPUTIME_ID of the thread that ran it)
+  std::vector<int64_t> timing(int64_t i) {
+    HostTask* t = get(i);
+    if (t == nullptr) return {};
+    return {t->runs.load(), t->stale_runs.load(), t->last_start_ns.load(), t->last_end_ns.load(),
+            t->total_ns.load(), t->cpu_ns.load()};
+  }
+
+  int64_t tasks() const { return int64_t(tasks_.size()); }
+
+  // no task reads the table or writes staging from now on (a replay of a graph that holds one
+  // counts a stale run); the tasks live on for the process, the table reference is dropped
+  void retire() {
+    std::lock_guard<std::mutex> lock(retired_mu);
+    for (auto& t : tasks_) {
+      t->table = nullptr;
+      retired_tasks->push_back(std::move(t));
+    }
+    tasks_.clear();
+    table_ = at::Tensor();
+    valid_ = false;
+  }
+
+ private:
+  HostTask* get(int64_t i) {
+    if (i < 0 || i >= int64_t(tasks_.size())) {
+      fail("value", "no task " + std::to_string(i));
+      return nullptr;
+    }
+    return tasks_[size_t(i)].get();
+  }
+
+  bool fail(const char* kind, std::string msg) {
+    err_kind_ = kind;
+    err_msg_ = std::move(msg);
+    return false;
+  }
+
+  at::Tensor table_;
+  int64_t valid_rows_;
+  int threads_;
+  int64_t grain_;
+  launch_host_fn launch_;
+  std::vector<std::unique_ptr<HostTask>> tasks_;
+  bool valid_ = true;
+  std::string err_kind_;
+  std::string err_msg_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -304,4 +529,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("configure", &HostGather::configure)
       .def("grain", &HostGather::grain)
       .def("error", &HostGather::error);
+  pybind11::class_<HostGraphGather>(m, "HostGraphGather")
+      .def(pybind11::init<at::Tensor, int64_t, int64_t, int64_t, int64_t>())
+      .def("task", &HostGraphGather::task)
+      .def("launch", &HostGraphGather::launch)
+      .def("run", &HostGraphGather::run, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("bad", &HostGraphGather::bad)
+      .def("clear", &HostGraphGather::clear)
+      .def("timing", &HostGraphGather::timing)
+      .def("tasks", &HostGraphGather::tasks)
+      .def("retire", &HostGraphGather::retire)
+      .def("error", &HostGraphGather::error);
 }
