@@ -10,6 +10,10 @@ import os
 
 FORCE_CPU_ENV = "PLE_BENCH_FORCE_CPU"
 IN_PROCESS_ENV = "PLE_BENCH_IN_PROCESS"
+#: the run's compute calibration file (``calibration.json`` in the run folder): every worker of a run,
+#: a fresh one after a failure too, and a resumed run read the matmul counts the first one measured
+CALIBRATION_ENV = "PLE_BENCH_CALIBRATION_FILE"
+CALIBRATION_FILE = "calibration.json"
 
 
 def force_cpu() -> bool:

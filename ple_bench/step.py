@@ -43,7 +43,9 @@ returns its record fields (see its docstring).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import statistics
 from typing import Any, Callable, Sequence
 
@@ -51,7 +53,7 @@ import torch
 
 from .annotate import annotate
 from .case import has_compute
-from .env import resolve_device
+from .env import CALIBRATION_ENV, resolve_device
 from .backends.synthetic import synthetic_rows
 from .compute import COMPUTE_KINDS, DecoderCompute
 from .compute import decoder_shape as decoder_shape_of
@@ -372,11 +374,18 @@ class DecodeStep:
         key = (str(self.device), self.hidden, self.num_tokens, self.act_dtype, len(self.weights),
                float(target_us))
         if key not in _CALIBRATION:
-            n_cal = max(2 * len(self.weights), 8 if self.device.type == "cuda" else 2)
-            per_us = self._time_compute_ms(n_cal) * 1e3 / n_cal
-            count = max(1, round(target_us / per_us)) if per_us > 0 else 1
-            count = _agree_max(count, self.device)
-            _CALIBRATION[key] = (count, per_us)
+            shared = calibration_key(self.device, self.hidden, self.num_tokens, self.act_dtype,
+                                     len(self.weights), float(target_us))
+            known = read_run_calibration().get(shared)
+            if known is not None:  # measured by an earlier worker of this run: the same compute
+                _CALIBRATION[key] = (int(known[0]), float(known[1]))
+            else:
+                n_cal = max(2 * len(self.weights), 8 if self.device.type == "cuda" else 2)
+                per_us = self._time_compute_ms(n_cal) * 1e3 / n_cal
+                count = max(1, round(target_us / per_us)) if per_us > 0 else 1
+                count = _agree_max(count, self.device)
+                _CALIBRATION[key] = (count, per_us)
+                write_run_calibration(shared, _CALIBRATION[key])
         count, self.matmul_us = _CALIBRATION[key]
         return count
 
@@ -445,6 +454,40 @@ class DecodeStep:
             self._probe.start()
         else:
             self._probe.stop()
+
+
+def calibration_key(device: torch.device, hidden: int, num_tokens: int, act_dtype: torch.dtype, ring: int,
+                    target_us: float) -> str:
+    """The run-wide name of one compute calibration: the device's model (not its index: every rank of
+    a run shares it), the shape, the ring and the target."""
+    model = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    return f"{model}|hidden={hidden}|tokens={num_tokens}|{act_dtype}|ring={ring}|target_us={target_us:g}"
+
+
+def read_run_calibration() -> dict[str, list]:
+    """The run's calibrations so far (``$PLE_BENCH_CALIBRATION_FILE``; {} outside a run or before
+    the first). Each worker process calibrates on its own otherwise, and two workers of one run
+    picked matmul counts 18 us apart on the H200: a pinned step and its resident baseline then ran
+    different compute."""
+    path = os.environ.get(CALIBRATION_ENV)
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_run_calibration(key: str, value: tuple[int, float]) -> None:
+    """Add one calibration to the run's file (rank 0 only; atomically: a crash leaves the old file)."""
+    dist = torch.distributed
+    path = os.environ.get(CALIBRATION_ENV)
+    if not path or (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
+        return
+    known = read_run_calibration()
+    known[key] = [int(value[0]), float(value[1])]
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(known, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
 
 
 def _agree_max(value: int, device: torch.device) -> int:

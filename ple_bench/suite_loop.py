@@ -5,6 +5,7 @@ shows progress, and ends with the report.  The run's ``meta.json`` is ``provenan
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from . import provenance
 from .case import HOST_ALLOC_MODES, Case, with_baselines
 from .dispatch import CaseDispatcher
+from .env import CALIBRATION_ENV, CALIBRATION_FILE
 from .results import RunWriter, new_run_id
 
 
@@ -238,6 +240,8 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         done = set()
         meta = provenance.start_meta(suite, mode, run_dir, writer, argv=options.argv, policy=policy,
                                      functional_note=options.functional_note, cases=cases)
+    # one compute calibration per run, shared by every worker (a fresh one after a failure, a resume)
+    os.environ[CALIBRATION_ENV] = str(run_dir.resolve() / CALIBRATION_FILE)
     todo = [c for c in order_cases(cases) if c.case_id not in done]
     counts = {"ok": 0, "skipped": 0, "failed": 0, "invalid": 0}
     progress = _Progress(len(todo), None if options.quiet else options.progress)

@@ -106,6 +106,10 @@ def test_run_smoke_end_to_end(tmp_path):
     assert len(md_rows) == len(recs) + 1  # the header and a row per record
     statuses = {r["status"] for r in recs}
     assert statuses <= {"ok", "skipped"}
+    # the run's one compute calibration, which every worker of the run reads (ple_bench.step)
+    calibration = json.loads((run_dir / "calibration.json").read_text())
+    assert {tuple(v) for v in calibration.values()} >= {(r["compute_matmuls"], r["matmul_us"]) for r in recs
+                                                          if r["status"] == "ok" and r.get("compute_matmuls")}
     for r in recs:
         for key in RECORD_KEYS + AXES:
             assert key in r, (key, r["case_id"])

@@ -259,3 +259,28 @@ def test_breakable_compute_region_is_timed_between_the_graph_segments():
     assert names == ["start_prefetch", "_region_start", "_region_stop", "finalize"]
     timed = [c.fn.__func__.__name__ for c in step.graphs[("step", "breakable")].eager_calls]
     assert timed == ["start_prefetch", "finalize"]
+
+
+def test_a_fresh_worker_of_the_same_run_reuses_the_runs_calibration(tmp_path, monkeypatch):
+    """Each worker process used to calibrate on its own: after a failure the fresh worker could pick
+    another matmul count, and a pinned step was then held against a resident step of other compute.
+    The first calibration of a run is written to the run folder and every later worker reads it."""
+    from ple_bench import step as step_mod
+    from ple_bench.env import CALIBRATION_ENV
+
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "calibration.json"))
+    monkeypatch.setattr(step_mod, "_CALIBRATION", {})
+    backend = make_backend("device")
+    first = DecodeStep(backend, hidden=HIDDEN, num_tokens=TOKENS, compute_us=400.0)
+    stored = step_mod.read_run_calibration()
+    assert list(stored.values()) == [[first.compute_matmuls, first.matmul_us]]
+    # a fresh worker (an empty per-process cache) whose own measurement would differ
+    monkeypatch.setattr(step_mod, "_CALIBRATION", {})
+    monkeypatch.setattr(DecodeStep, "_time_compute_ms", lambda self, n, repeats=5: 1e3 * n)  # 1 s per matmul
+    again = DecodeStep(backend, hidden=HIDDEN, num_tokens=TOKENS, compute_us=400.0)
+    assert (again.compute_matmuls, again.matmul_us) == (first.compute_matmuls, first.matmul_us)
+    # outside a run (no file named) the process measures: the slow stand-in gives one matmul
+    monkeypatch.delenv(CALIBRATION_ENV)
+    monkeypatch.setattr(step_mod, "_CALIBRATION", {})
+    alone = DecodeStep(backend, hidden=HIDDEN, num_tokens=TOKENS, compute_us=400.0)
+    assert alone.compute_matmuls == 1
