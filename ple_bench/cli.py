@@ -56,7 +56,7 @@ def _resume_suite(args: argparse.Namespace):
     run was to record (``meta.json``'s list; an older run: every case of the suite).  A ``--suite``
     naming another suite is refused."""
     from .results import expected_case_ids, load_meta
-    from .suite import load_suite
+    from .spec.suite import load_suite
 
     meta = load_meta(args.resume)
     suite = load_suite(meta.get("suite_path") or meta["suite"])
@@ -98,8 +98,8 @@ def _resume_args(args: argparse.Namespace) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     from .measure import TimingPolicy
     from .results import ensure_writable_dir
-    from .suite_loop import RunOptions, run_suite, select_cases, summary_lines
-    from .suite import SuiteError, load_suite
+    from .run.loop import RunOptions, run_suite, select_cases, summary_lines
+    from .spec.suite import SuiteError, load_suite
 
     if args.samples is not None and args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
@@ -209,7 +209,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     import textwrap
 
-    from .suite import SuiteError, case_json, format_cases, format_cases_narrow, list_suites, load_suite
+    from .spec.suite import SuiteError, case_json, format_cases, format_cases_narrow, list_suites, load_suite
 
     try:
         suites = [load_suite(args.suite)] if args.suite else list_suites()
@@ -326,8 +326,8 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .suite import SuiteError, load_suite
-    from .suite_loop import select_cases
+    from .spec.suite import SuiteError, load_suite
+    from .run.loop import select_cases
 
     if args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
@@ -356,7 +356,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return EXIT_BAD_USAGE
     print("command: " + shlex.join(cmd))
     if args.tool == "torch":
-        from .dispatch import torch_trace_name
+        from .run.dispatch import torch_trace_name
 
         print(f"trace:   {out}/<run_id>/{torch_trace_name(case.case_id)} (torch.profiler, CPU"
               + (" + CUDA" if _has_gpu() else "") + f" activity, the first {args.samples} samples of every "
@@ -398,7 +398,7 @@ def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
     """Run ``run --torch-trace`` and point at the trace it wrote in its new run folder."""
     import time
 
-    from .dispatch import torch_trace_name
+    from .run.dispatch import torch_trace_name
 
     started = time.time()
     rc = _call(cmd)
@@ -458,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.set_defaults(func=cmd_profile)
     p = sub.add_parser("advise", help="where should the table live, and how looked up: ranked from measured runs")
-    from .report.advise import add_advise_args, run_advise
+    from .advise.answer import add_advise_args, run_advise
 
     add_advise_args(p)
     p.set_defaults(func=run_advise)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .record import keys_for
-from .case import Case
+from .spec.case import Case
 from .report.data import (
     ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
 )
@@ -164,7 +164,7 @@ def write_pytest_benchmark_json(run_dir: str | Path, out: str | Path | None = No
 
 # ------------------------------------------------------------------ summaries
 
-# A case's axes: the fields of :class:`ple_bench.case.Case` (their one definition).
+# A case's axes: the fields of :class:`ple_bench.spec.case.Case` (their one definition).
 CASE_AXES = tuple(f.name for f in dataclasses.fields(Case))
 # The main fields of a record, as summary.csv has them (record fields, plus the report's ``path``
 # and ``topology`` labels); the axes come after case_id and status.

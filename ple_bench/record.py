@@ -360,7 +360,7 @@ _num = num
 def twin_key(rec: Mapping[str, Any]) -> str:
     """The key a step shares with its prefetch-off twin: every case axis, with the
     prefetch-only settings (prefetch, stream_priority, sm_limit) at their off values."""
-    from .case import Case
+    from .spec.case import Case
     import dataclasses
 
     axes = {}
@@ -401,7 +401,7 @@ def baseline_key(rec: Mapping[str, Any]) -> str:
     axis but the path's own (:data:`PATH_AXES`) -- the table, shape, heads, tokens, compute,
     id distribution and seed, and topology.  Prefetch is the path's: a resident table read on
     a side stream is a choice its server makes or not, as its graph mode is."""
-    from .case import Case
+    from .spec.case import Case
     import dataclasses
 
     axes = {}
@@ -605,7 +605,7 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
 
 
 def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] | None = None) -> None:
-    from .case import has_compute
+    from .spec.case import has_compute
 
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     _derive_offload(rec, peers)

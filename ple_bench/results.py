@@ -12,7 +12,7 @@ is to record: suite group -> case ids), at its end ``cases_recorded`` and ``not_
 
 ``records.jsonl``: one JSON object per case, appended and flushed as each case
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
-invalid), ``reason``, every axis of :class:`~ple_bench.case.Case` under its own
+invalid), ``reason``, every axis of :class:`~ple_bench.spec.case.Case` under its own
 name, and (``None`` where not measured) the keys in :data:`RECORD_KEYS`.  Every
 field -- its unit, the kinds of case that carry it, its definition -- is in the
 schema, :mod:`ple_bench.record` (``python -m ple_bench schema`` prints it), with

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from ple_bench import results
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy, ceilings as ceil
 from ple_bench.measure import timer as timer_mod
 from ple_bench.record import CEILING_SLACK_PCT, derive, upgrade

@@ -95,7 +95,7 @@ def test_run_smoke_end_to_end(tmp_path):
     assert meta["mode"] == "functional" and meta["status"] == "complete"
     assert meta["ceilings"]["host_memcpy_gbps"] > 0
     recs = results.load_records(run_dir)
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     assert {r["case_id"] for r in recs} == {c.case_id for c in load_suite("smoke").cases}
     # the run's summaries beside its records (ple_bench.export), one row per record
@@ -348,7 +348,7 @@ def test_ctrl_c_in_advise_exits_130_without_resume_advice(tmp_path):
 
 
 def test_ctrl_c_in_profile_exits_130(tmp_path):
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     case = next(c for c in load_suite("smoke").cases if c.impl == "device")
     res = tmp_path / "res"
@@ -369,7 +369,7 @@ def test_list_json_and_table():
 
 
 def test_list_suite_is_narrow_by_default_and_wide_on_request():
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     suite = load_suite("default")
     narrow = cli("list", "--suite", "default")
@@ -393,7 +393,7 @@ def test_env_reports_no_gpu():
 
 
 def test_profile_dry_run_builds_commands():
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     case = next(c for c in load_suite("smoke").cases if c.impl == "pinned_uva")
     proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ple_bench import executor
+from ple_bench.run import executor
 from ple_bench.backends import backend_names, fast_kernels, get_backend, synthetic_rows
 from ple_bench.backends import base as base_mod
 from ple_bench.backends.base import CAPABILITIES, RENAMED, PLEEmbedding

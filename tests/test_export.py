@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ._fake_runs import write_cpu_run, write_gpu_run
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.export import benchmark_stats, main as export_main, write_pytest_benchmark_json
 from ple_bench.results import load_records
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ple_bench import results
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 from tests._fault_matrix import Step, check_records, planned_order, write_suite
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ def test_repeat_timed_reads_a_region_the_call_records():
 
 
 def test_the_step_regions_come_from_the_repeat_loop(monkeypatch):
-    from ple_bench import step as step_mod
+    from ple_bench.run import step as step_mod
     from tests.test_host_ids import _backend
 
     calls = []
@@ -66,7 +66,7 @@ def test_the_step_regions_come_from_the_repeat_loop(monkeypatch):
 def test_allreduce_busbw_is_timed_by_the_repeat_loop(monkeypatch, tmp_path):
     import torch.distributed as dist
 
-    from ple_bench import worker
+    from ple_bench.run import pool as worker
     from ple_bench.measure import repeat
 
     calls = []

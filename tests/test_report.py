@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ._fake_runs import BROKEN_REASONS, gpu_cases, write_cpu_run, write_gpu_run, write_run
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.report import build_report, report_main
 from ple_bench.report.data import Run, slice_series
 from ple_bench.report.findings import findings

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from ple_bench.case import Case
-from ple_bench.suite import (
+from ple_bench.spec.case import Case
+from ple_bench.spec.suite import (
     DTYPE_BYTES,
     REPO_SUITES_DIR,
     SuiteError,
@@ -484,7 +484,7 @@ def test_bad_suite_is_one_clear_error(tmp_path, text, expected):
 
 def test_timing_keys_match_the_timing_policy(shipped):
     from ple_bench.measure import TimingPolicy
-    from ple_bench.suite import TIMING
+    from ple_bench.spec.suite import TIMING
 
     assert set(TIMING) == {f.name for f in dataclasses.fields(TimingPolicy)}
     for suite in shipped.values():

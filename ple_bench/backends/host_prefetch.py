@@ -39,7 +39,7 @@ device).  Only the host work itself is counted in ``host_thread_s``: waits for
 the ids or for a free staging buffer are not CPU work.
 
 Host work cannot be captured in a CUDA graph: these paths run eagerly, or as
-eager breaks of a breakable graph (see :mod:`ple_bench.graphs`).
+eager breaks of a breakable graph (see :mod:`ple_bench.run.graphs`).
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy
 from ple_bench.measure.repeat import Stopwatch, repeat_timed
 from ple_bench.record import CEILING_SLACK_PCT
 from ple_bench.record import Peers
-from ple_bench.runner import derive_record
+from ple_bench.run.loop import derive_record
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ple_bench import results
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 from tests._fault_matrix import Step, check_records, planned_order, write_suite
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,7 @@ TIMEOUT_S = 20  # a good case takes a few seconds (tiny table, short timing poli
 
 
 def _steps() -> list[Step]:
-    from ple_bench.executor import host_memory_bytes
+    from ple_bench.run.executor import host_memory_bytes
 
     hbm = torch.cuda.get_device_properties(0).total_memory
     host = host_memory_bytes()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -93,7 +93,7 @@ def functional_case_count(args: argparse.Namespace, tokens: list[int]) -> int:
 
 
 def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: bool, where: Path | None = None):
-    from ..suite import load_suite
+    from ..spec.suite import load_suite
 
     text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
                       compute_us=args.compute_us, gpu=gpu)
@@ -108,7 +108,7 @@ def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> l
     from ..env import gpu_available
     from ..measure import TimingPolicy
     from ..results import ensure_writable_dir
-    from ..runner import RunOptions, run_suite
+    from ..run.loop import RunOptions, run_suite
 
     gpu = gpu_available()
     table = table_bytes if gpu else min(table_bytes, FUNCTIONAL_TABLE)

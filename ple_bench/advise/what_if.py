@@ -1,5 +1,5 @@
 """The what-if half of ``advise``: every path the runs measured, priced by the model
-(:mod:`ple_bench.report.model`) at exactly the asked shape -- table size, tokens, compute, ETP
+(:mod:`ple_bench.advise.model`) at exactly the asked shape -- table size, tokens, compute, ETP
 group, nodes, host cores -- ranked, each number labelled *measured* (that very case was measured)
 or *predicted* (with its path's leave-one-out and extrapolation errors; marked *extrapolated*
 past the path's measured rows and *at a floor* where a floor raised it), each pinned row's overhead

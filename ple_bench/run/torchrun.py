@@ -14,9 +14,9 @@ import time
 import traceback
 from typing import Any
 
-from .case import Case
+from ..spec.case import Case
 from .dispatch import case_record, torch_trace_name
-from .results import RunWriter
+from ..results import RunWriter
 
 
 class TorchrunRanks:
@@ -68,11 +68,11 @@ class TorchrunRanks:
         import torch.distributed as dist
 
         from .executor import CaseExecutor
-        from .parallel import DEFAULT_TIMEOUT_S, init_distributed
+        from ..parallel import DEFAULT_TIMEOUT_S, init_distributed
 
         world = self.torchrun_world
         rank = int(os.environ.get("RANK", "0"))
-        from .env import device_for
+        from ..env import device_for
 
         device = device_for(rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         if device.type == "cuda":
@@ -92,7 +92,7 @@ class TorchrunRanks:
         found: dict[str, Any] = {}  # rank 0: ceilings measured now, written with the ranks below
         found_device = None
         if rank == 0:
-            from .measure import device_info, measure_ceilings
+            from ..measure import device_info, measure_ceilings
 
             if not self.meta.get("ceilings"):
                 try:
@@ -107,7 +107,7 @@ class TorchrunRanks:
             everyone: list = [None] * world
             dist.all_gather_object(everyone, info, group=self.agree_group)  # also waits for rank 0's ceilings
             if everyone[0].get("need_allreduce"):
-                from .worker import _allreduce_busbw
+                from .pool import _allreduce_busbw
 
                 busbw = _allreduce_busbw(device, world)
                 if rank == 0:
@@ -148,7 +148,7 @@ class TorchrunRanks:
     def _traced_run(self, case: Case, policy) -> dict[str, Any]:
         """``self.inproc.run``, under ``run --torch-trace`` recording the case's windows into
         its run folder (the CLI refuses it under torchrun, whose other ranks write to scratch)."""
-        from .measure.profiler import torch_trace_case
+        from ..measure.profiler import torch_trace_case
 
         n = self.options.torch_trace
         path = self.writer.run_dir / torch_trace_name(case.case_id, self.inproc.rank) if n else None
@@ -212,7 +212,7 @@ class TorchrunRanks:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d as c10d
 
-        from .parallel import DEFAULT_TIMEOUT_S
+        from ..parallel import DEFAULT_TIMEOUT_S
 
         world, rank = self.torchrun_world, self.inproc.rank
         self.inproc.release_table()

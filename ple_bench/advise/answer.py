@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .verdict import EQUAL_PCT
+from ..report.verdict import EQUAL_PCT
 
 EXIT_BAD_USAGE = 2
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -75,7 +75,7 @@ class Advice:
     verdict: str
     notes: list[str]
     measured_verdict: str = ""  # the verdict from the nearest measurements alone
-    model: Any = None  # advise_model.ModelAdvice: the model's ranking at exactly the asked shape
+    model: Any = None  # what_if.ModelAdvice: the model's ranking at exactly the asked shape
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,7 +196,7 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
     same_shape = list(newest.values())
     # the rule of report/verdict.py: stable pinned steps with a resident baseline, one table size
     # (the nearest measured), one compute (the nearest), one id distribution
-    from .verdict import candidates, scope
+    from ..report.verdict import candidates, scope
 
     cands = candidates(same_shape)
     sizes = {int(r["table_bytes"]) for r in cands if r.get("table_bytes")} or \
@@ -414,7 +414,7 @@ def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict
 
 
 def run_advise(args: argparse.Namespace) -> int:
-    from ..suite import _SIZE_RE, _SIZE_UNITS
+    from ..spec.suite import _SIZE_RE, _SIZE_UNITS
 
     try:
         def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
@@ -461,7 +461,7 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError("--functional-check runs advise's own cases: not with --runs")
         if not runs:
             from ..env import gpu_available
-            from .advise_run import NO_GPU, functional_case_count, self_run
+            from .self_run import NO_GPU, functional_case_count, self_run
 
             if not gpu_available() and not args.functional_check:
                 raise AdviseError(NO_GPU.format(n=functional_case_count(args, tokens)))
@@ -477,7 +477,7 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"the table ({table / 2**30:.1f} GiB) fits neither the HBM budget "
                               f"({hbm / 2**30:.1f} GiB per GPU, ETP {args.etp}) nor the host budget "
                               f"({host / 2**30:.1f} GiB per node)")
-        from .advise_model import WhatIf, model_advice
+        from .what_if import WhatIf, model_advice
         from .model import build_model, load_runs
 
         records, metas = load_runs(runs)
@@ -501,7 +501,7 @@ def run_advise(args: argparse.Namespace) -> int:
                                         host_bytes=host, graph_modes=args.graph)
             advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
         if args.html:
-            from .advise_html import write_advice_html
+            from .html import write_advice_html
 
             write_advice_html(advice, args, Path(args.html))
     except AdviseError as exc:

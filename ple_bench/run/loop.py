@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from . import provenance
-from .case import Case, with_baselines
+from ..spec.case import Case, with_baselines
 from .dispatch import CaseDispatcher
-from .results import RunWriter, new_run_id
+from ..results import RunWriter, new_run_id
 
 
 @dataclass
@@ -79,7 +79,7 @@ def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True)
 def table_in_host_memory(impl: str) -> bool | None:
     """The backend's declared capability ``table_in_host_memory`` (None when the
     backend cannot be resolved here)."""
-    from .backends import get_backend
+    from ..backends import get_backend
 
     try:
         return bool(get_backend(impl).table_in_host_memory)
@@ -90,7 +90,7 @@ def table_in_host_memory(impl: str) -> bool | None:
 def lookup_mechanism(impl: str) -> str | None:
     """How the backend moves its rows, from its declared capabilities (record field
     ``lookup_mechanism``; None when the backend cannot be resolved here)."""
-    from .backends import get_backend
+    from ..backends import get_backend
 
     try:
         cls = get_backend(impl)
@@ -105,7 +105,7 @@ def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) 
     """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
     are computed), then the record joins ``peers`` (:class:`ple_bench.record.Peers`: the
     overlap twins and resident baselines of the records after it)."""
-    from . import record
+    from .. import record
 
     if not isinstance(peers, record.Peers):
         raise TypeError(f"derive_record needs a record.Peers (the run's twins and baselines), got {type(peers).__name__}")
@@ -170,7 +170,7 @@ def summary_lines(summary: RunSummary, mode: str) -> list[str]:
     their groups, and the command that continues the run."""
     from collections import Counter
 
-    from .results import not_reached
+    from ..results import not_reached
 
     meta, records = summary.meta, summary.records
     counts = Counter(r.get("status") for r in records)
@@ -237,8 +237,8 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
     executor = CaseDispatcher(options, meta, writer)
-    from .record import Peers
-    from .results import load_records
+    from ..record import Peers
+    from ..results import load_records
 
     twins = Peers.of(load_records(run_dir) if done else [])  # overlap twins and resident baselines
     try:
@@ -275,13 +275,13 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     summary.resume_command = resume_command(run_dir, options)
     if options.report:
         try:
-            from .report import build_report
+            from ..report import build_report
 
             summary.report = build_report(run_dir, options.reports_dir)
         except Exception as exc:  # noqa: BLE001 - a report failure must not lose the run
             print(f"warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
         try:
-            from .export import write_exports
+            from ..export import write_exports
 
             write_exports(run_dir)  # summary.md, summary.csv, pytest-benchmark.json
         except Exception as exc:  # noqa: BLE001

@@ -35,7 +35,7 @@ A suite is a TOML file ``suites/<name>.toml``::
     exclude = [{impl = "device", prefetch = "on"}]                       # optional
     constraints = ["etp % tp == 0", "num_tokens * num_heads <= 65536"]  # optional
 
-Axes are exactly the fields of :class:`ple_bench.case.Case` (kind, impl, kernel,
+Axes are exactly the fields of :class:`ple_bench.spec.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
 seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
 gather_threads, host_alloc, compute, decoder_shape, decoder_layers, context_len), plus
@@ -126,12 +126,12 @@ except ModuleNotFoundError:  # Python 3.10
 
 from .case import (COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case,
                    with_baselines)
-from .compute import DECODER_SHAPES
-from .parallel import Topology, TopologyError
-from . import workload
+from ..compute import DECODER_SHAPES
+from ..parallel import Topology, TopologyError
+from .. import workload
 
 SUITES_ENV = "PLE_BENCH_SUITES_DIR"
-REPO_SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
+REPO_SUITES_DIR = Path(__file__).resolve().parents[2] / "suites"
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 STEP_ONLY_AXES = ("compute_us", "hidden", "compute") + DECODER_AXES
@@ -416,7 +416,7 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 def _impl(v: Any) -> str:
-    from .backends.registry import backend_names
+    from ..backends.registry import backend_names
 
     names = backend_names()
     if isinstance(v, str) and v in names:
@@ -430,7 +430,7 @@ def _impl(v: Any) -> str:
 def _check_import_path(path: str) -> None:
     """Import ``package.module:Class`` now: a plug-in backend that does not import, or is not a
     ``PLEEmbedding`` subclass, is a bad suite (exit 2), not a case skipped at run time."""
-    from .backends.registry import get_backend
+    from ..backends.registry import get_backend
 
     try:
         get_backend(path)
@@ -440,7 +440,7 @@ def _check_import_path(path: str) -> None:
 
 
 def _kernel(v: Any) -> str:
-    from .backends.kernels import kernel_names
+    from ..backends.kernels import kernel_names
 
     names = kernel_names()
     if v == "" or v in names:

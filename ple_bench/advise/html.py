@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .html import render_page
+from ..report.html import render_page
 
 
 def advise_plot(advice: Any, args: argparse.Namespace, model_points: list | None = None) -> str | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  (imported by plots._to_uri)
     from matplotlib.figure import Figure
 
-    from .plots import _to_uri
+    from ..report.plots import _to_uri
 
     m = advice.model
     if m is None or not m.answers:

@@ -24,7 +24,7 @@ it is a pinned host tensor, refilled by the host once the previous step has
 finished (a server's scheduler knows the next step's ids on the host): kernel
 paths copy the ids to the device themselves, host paths gather at once.
 
-Graph modes (:mod:`ple_bench.graphs`): ``eager``; ``breakable`` -- the backend
+Graph modes (:mod:`ple_bench.run.graphs`): ``eager``; ``breakable`` -- the backend
 calls (start_prefetch, finalize, lookup) are eager breaks, replayed with this
 step's static id buffer and a DP-count list that :meth:`DecodeStep.set_inputs`
 updates in place; ``full`` -- the whole step is one graph, possible only where
@@ -47,14 +47,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .annotate import annotate
-from .case import has_compute
-from .env import resolve_device
-from .backends.synthetic import synthetic_rows
-from .compute import COMPUTE_KINDS, DecoderCompute
-from .compute import decoder_shape as decoder_shape_of
+from ..annotate import annotate
+from ..spec.case import has_compute
+from ..env import resolve_device
+from ..backends.synthetic import synthetic_rows
+from ..compute import COMPUTE_KINDS, DecoderCompute
+from ..compute import decoder_shape as decoder_shape_of
 from .graphs import MODES, BreakableGraph, eager_break
-from .measure.repeat import Stopwatch, repeat_timed
+from ..measure.repeat import Stopwatch, repeat_timed
 
 #: the weights of the compute ring together exceed this (several times the L2)
 RING_BYTES = 256 << 20
@@ -557,7 +557,7 @@ def _median(samples: Sequence[float]) -> float | None:
 
 
 def _step_keys() -> tuple[str, ...]:
-    from .record import FIELDS
+    from ..record import FIELDS
 
     return tuple(f.name for f in FIELDS if f.kinds == "step" and not f.derived and not f.legacy)
 
@@ -627,7 +627,7 @@ def run_step_case(
     if sm_limit:
         _apply_sm_limit(backend, sm_limit, case, device)
     if measure_fn is None:
-        from .measure import measure as measure_fn  # noqa: N813
+        from ..measure import measure as measure_fn  # noqa: N813
     ids_on = getattr(case, "ids_on", "device")
     if ids_on == "host":
         sets = [t.to("cpu") for t in _id_sets(ids)]

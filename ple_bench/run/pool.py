@@ -34,20 +34,20 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     import torch
 
-    from . import annotate
-    from .case import Case
+    from .. import annotate
+    from ..spec.case import Case
     from .executor import CaseExecutor, InvalidCase, SkipCase
-    from .measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
-    from .measure.profiler import torch_trace_case
+    from ..measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
+    from ..measure.profiler import torch_trace_case
 
     try:
-        from .env import device_for
+        from ..env import device_for
 
         device = device_for(rank)  # honours PLE_BENCH_FORCE_CPU, as every entry point does
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if world > 1:
-            from .parallel import init_distributed
+            from ..parallel import init_distributed
 
             init_distributed()
         executor = CaseExecutor(rank=rank, world_size=world, device=device)
@@ -112,7 +112,7 @@ def _allreduce_busbw(device, world: int) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from .measure.repeat import repeat_timed
+    from ..measure.repeat import repeat_timed
 
     nbytes = (256 << 20) if device.type == "cuda" else (8 << 20)
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)

@@ -1,7 +1,7 @@
 """Sends each case to its ranks and turns the outcome into a record: by default to ple_bench's own
-worker processes (``worker.WorkerPool``, one pool per world size, a fresh one after any failure, so a
+worker processes (``pool.WorkerPool``, one pool per world size, a fresh one after any failure, so a
 poisoned or hung worker never runs the next case), under torchrun to this process, one rank of
-torchrun's world (``torchrun_protocol.TorchrunRanks``)."""
+torchrun's world (``torchrun.TorchrunRanks``)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,25 @@ import sys
 import time
 from typing import Any
 
-from .case import Case
-from .env import gpu_count
-from .results import RunWriter, now_iso
+from ..spec.case import Case
+from ..env import gpu_count
+from ..results import RunWriter, now_iso
 
 
 class CaseDispatcher:
     """Finds (or starts) the worker pool for a case's world size and runs the case there, or,
-    under torchrun, hands it to :class:`~ple_bench.torchrun_protocol.TorchrunRanks`."""
+    under torchrun, hands it to :class:`~ple_bench.run.torchrun.TorchrunRanks`."""
 
     def __init__(self, options, meta: dict[str, Any], writer: RunWriter):
         self.options = options
         self.meta = meta
         self.writer = writer
         self.pool = None
-        from .env import external_world_size
+        from ..env import external_world_size
 
         self.torchrun = None
         if external_world_size() is not None:
-            from .torchrun_protocol import TorchrunRanks
+            from .torchrun import TorchrunRanks
 
             self.torchrun = TorchrunRanks(options, meta, writer, external_world_size())
 
@@ -47,7 +47,7 @@ class CaseDispatcher:
         return case_record(case, self.meta.get("mode"), status, reason, result)
 
     def _ensure_pool(self, world: int):
-        from .worker import WorkerPool
+        from .pool import WorkerPool
 
         if self.pool is not None and (self.pool.world != world or not self.pool.alive()):
             self.pool.close()
@@ -75,7 +75,7 @@ class CaseDispatcher:
             print(f"warning: ceilings not measured: {reply[1]}", file=sys.stderr)
 
     def run_case(self, case: Case, policy) -> dict[str, Any]:
-        from .worker import WorkerError, policy_dict
+        from .pool import WorkerError, policy_dict
 
         world = case.world_size
         if self.torchrun is not None:

@@ -68,7 +68,7 @@ class Case:
 
     @property
     def row_bytes(self) -> int:
-        from .backends.formats import DTYPES
+        from ..backends.formats import DTYPES
 
         import torch
 

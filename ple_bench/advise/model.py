@@ -71,7 +71,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from ..record import device_resident, num
-from .data import KERNEL_FREE_IMPLS
+from ..report.data import KERNEL_FREE_IMPLS
 
 GIB = 1 << 30
 REF_TABLE = 32 * GIB  # the table size the per-row term is quoted at

@@ -5,7 +5,7 @@ host, GPUs, how the ranks were launched, the timing policy, the command line), :
 reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  While the run goes on,
 facts measured on the ranks are added to the same file as they become known, through
 :func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
-own workers, by ``torchrun_protocol`` under torchrun, which also adds every rank), and the per-case
+own workers, by ``run.torchrun`` under torchrun, which also adds every rank), and the per-case
 ceilings of the records -- host-gather, random-row (:func:`_keep_host_gather_ceiling`, called by the
 suite loop)."""
 
@@ -18,10 +18,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .case import Case
-from .results import RunWriter, expected_case_ids, load_records, not_reached, now_iso
+from ..spec.case import Case
+from ..results import RunWriter, expected_case_ids, load_records, not_reached, now_iso
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str | None:
@@ -40,7 +40,7 @@ def git_commit() -> str | None:
 def base_meta(suite, mode: str) -> dict[str, Any]:
     import torch
 
-    from . import env
+    from .. import env
 
     try:
         import triton
@@ -67,7 +67,7 @@ def base_meta(suite, mode: str) -> dict[str, Any]:
 def launch_info(cases: list[Case]) -> dict[str, Any]:
     """How the ranks were started: ``torchrun`` (its world, nodes and run id) or
     ``self`` (ple_bench's own worker processes, one pool per world size)."""
-    from . import env as env_policy
+    from .. import env as env_policy
 
     if env_policy.launcher() != "self":
         env = os.environ
