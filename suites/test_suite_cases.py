@@ -28,7 +28,8 @@ import statistics
 import pytest
 import torch
 
-from ple_bench.run.executor import InvalidCase, SkipCase, _grid_cap
+from ple_bench.run.executor import _grid_cap
+from ple_bench.run.outcome import InvalidCase, SkipCase
 from ple_bench.parallel import Topology
 
 #: a step rotates through at least this many id sets when the policy gives fewer

@@ -501,7 +501,8 @@ def test_step_refuses_sm_limit_where_it_cannot_apply():
 
 
 def test_executor_skips_on_cpu_and_never_reuses_a_table_across_limits():
-    from ple_bench.run.executor import CaseExecutor, SkipCase
+    from ple_bench.run.executor import CaseExecutor
+    from ple_bench.run.outcome import SkipCase
     from ple_bench.parallel import Groups, Topology
     from tests.test_step import _tiny_policy
 

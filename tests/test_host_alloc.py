@@ -17,7 +17,8 @@ from ple_bench.backends import host_alloc, synthetic_rows
 from ple_bench.backends.extra_paths import PinnedCPUGatherEmbedding
 from ple_bench.backends.pinned import PinnedUVAEmbedding
 from ple_bench.spec.case import HOST_ALLOC_MODES, Case
-from ple_bench.run.executor import CaseExecutor, SkipCase
+from ple_bench.run.executor import CaseExecutor
+from ple_bench.run.outcome import SkipCase
 from ple_bench.measure import TimingPolicy
 from ple_bench.spec.suite import SuiteError, load_suite
 

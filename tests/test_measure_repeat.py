@@ -66,20 +66,19 @@ def test_the_step_regions_come_from_the_repeat_loop(monkeypatch):
 def test_allreduce_busbw_is_timed_by_the_repeat_loop(monkeypatch, tmp_path):
     import torch.distributed as dist
 
-    from ple_bench.run import pool as worker
-    from ple_bench.measure import repeat
+    from ple_bench.run import rank
 
     calls = []
-    real = repeat.repeat_timed
+    real = rank.repeat_timed
 
     def spy(fn, **kw):
         calls.append(kw)
         return real(fn, **kw)
 
-    monkeypatch.setattr(repeat, "repeat_timed", spy)
+    monkeypatch.setattr(rank, "repeat_timed", spy)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        out = worker._allreduce_busbw(torch.device("cpu"), 1)
+        out = rank.allreduce_busbw(torch.device("cpu"), 1)
     finally:
         dist.destroy_process_group()
     assert list(out) == ["allreduce_busbw_gbps_w1"]

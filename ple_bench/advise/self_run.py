@@ -123,8 +123,8 @@ def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> l
                 "and nothing is ranked from them.")
         print(note, file=sys.stderr)
     # an advise run is not continued with `run --resume`: its suite is advise's own (give --runs instead)
-    options = RunOptions(results_dir=Path(args.results_dir), reports_dir=Path(args.results_dir) / "_reports",
-                         progress=True, report=False, functional_note=note, argv=sys.argv, resume_args=None)
+    options = RunOptions(results_dir=Path(args.results_dir),
+                         progress=True, functional_note=note, argv=sys.argv, resume_args=None)
     summary = run_suite(suite, suite.cases, policy, options, "gpu" if gpu else "functional")
     (summary.run_dir / "advise.toml").write_text(text, encoding="utf-8")
     print(f"advise: ran {sum(summary.counts.values())} cases into {summary.run_dir} ({summary.counts})",

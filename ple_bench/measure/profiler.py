@@ -224,6 +224,12 @@ def torch_trace_window(label: str) -> Iterator:
     trace.add(prof, label, state["samples"])
 
 
+def torch_trace_name(case_id: str, rank: int = 0) -> str:
+    """The file name of a case's torch.profiler trace in its run folder (``run --torch-trace``)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in case_id)
+    return f"trace_{safe}.json" if rank == 0 else f"trace_{safe}.rank{rank}.json"
+
+
 @contextlib.contextmanager
 def torch_trace_case(path, max_samples: int | None) -> Iterator[TorchTrace | None]:
     """Collect the torch trace windows of one case and write them to ``path`` at its

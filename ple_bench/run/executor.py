@@ -22,19 +22,13 @@ from ..annotate import annotate
 from ..backends import get_backend, host_alloc, synthetic_rows
 from ..spec.case import Case
 from ..parallel import Groups, Topology
+from ..measure.fields import lockstep, measurement_fields
+from .outcome import InvalidCase, SkipCase
 
 FP8_SCALE = 0.5
 TABLE_SEED_BASE = 1234
 RANDOM_ROW_SEED = 271_828  # the id sets of random-row ceilings (independent of every case's)
 _DP_SEED_STRIDE = 1_000_003
-
-
-class SkipCase(Exception):
-    """The case cannot run on this machine; the message is the reason."""
-
-
-class InvalidCase(Exception):
-    """The case computed a wrong result; it is recorded and never timed."""
 
 
 def host_memory_bytes() -> int:
@@ -58,11 +52,6 @@ def host_memory_bytes() -> int:
     except OSError:
         pass
     return min(limits) if limits else 1 << 40
-
-
-def pinned_alloc_bytes(nbytes: int) -> int:
-    """PyTorch's caching host allocator rounds pinned blocks up to a power of two."""
-    return host_alloc.host_table_bytes(nbytes, "torch")
 
 
 def host_memory_available_bytes() -> int:
@@ -103,6 +92,12 @@ class CaseExecutor:
         if topo not in self.groups_by_topology:
             self.groups_by_topology[topo] = Groups.build(topo)
         return self.groups_by_topology[topo]
+
+    def reset(self) -> None:
+        """Forget everything built for earlier cases: the table and this rank's process groups (after
+        the process groups were rebuilt, the old ones are gone)."""
+        self.release_table()
+        self.groups_by_topology.clear()
 
     def release_table(self) -> None:
         if self.table is not None:
@@ -360,7 +355,7 @@ class CaseExecutor:
         # before each sample as for the eager figure -- graph and eager time the same thing
         graph_fns = [self._lookup_fn(case, backend, s, counts) for s in id_sets]
         multi = topo.world_size > 1
-        pol = _lockstep(policy) if multi else policy
+        pol = lockstep(policy) if multi else policy
         host_sync = bool(type(backend).blocks_host)
         rec: dict[str, Any] = {}
         primary = None
@@ -393,7 +388,7 @@ class CaseExecutor:
         if graph_meas is not None:
             rec["graph_median_ms"] = graph_meas.stats()["median_ms"]
             rec["graph_samples_ms"] = graph_meas.samples_ms
-        rec.update(_measurement_fields(primary))
+        rec.update(measurement_fields(primary))
         if multi:
             rec.update(self._collective_costs(case, backend, ids, counts, pol))
             rec.update(_slowest_rank(rec))
@@ -602,14 +597,6 @@ def _grid_cap(case: Case, backend):
         backend.grid_cap = previous
 
 
-def _lockstep(policy):
-    """Multi-rank measurements must take the same number of samples on every rank,
-    or a collective inside the timed function would wait forever."""
-    n = max(policy.min_samples, min(policy.max_samples, 30))
-    return replace(policy, min_samples=n, max_samples=n, max_time_s=1e9, min_time_s=0.0,
-                   max_noise=0.0, warmup_ms=0.0, remeasure_unstable=False)
-
-
 def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
     """What the traffic is: ``unique_rows_fraction`` from the ids looked up, and a real-text
     trace's provenance (``ids_trace``)."""
@@ -622,23 +609,6 @@ def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
         fields["ids_trace"] = traces.load_trace(spec.corpus).description + (
             ", Engram tokenizer compression" if spec.lower else "")
     return fields
-
-
-def _measurement_fields(meas) -> dict[str, Any]:
-    stats = meas.stats()
-    out = {k: stats.get(k) for k in ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms",
-                                       "iqr_ms", "cv", "n_samples", "throttled_samples")}
-    out["samples_ms"] = list(meas.samples_ms)
-    out["samples_throttled"] = list(meas.throttled)
-    # host_sync: the CUDA events' time of the same calls (the schema's field; None for the other timers)
-    out["event_samples_ms"] = list(meas.event_samples_ms) if getattr(meas, "event_samples_ms", None) else None
-    out["timer"] = meas.timer
-    out["cold_l2"] = meas.cold_l2  # the L2 was flushed before every sample
-    clocks = [c for c in meas.sm_clock_mhz if c is not None]
-    out["sm_clock_mhz"] = sorted(clocks)[len(clocks) // 2] if clocks else None
-    out["stopped_by"] = meas.stopped_by
-    out["unstable"] = bool(getattr(meas, "unstable", False))
-    return out
 
 
 def _slowest_rank(rec: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The suite loop: orders a suite's cases so tables are reused, sends each to its ranks
 (``dispatch.CaseDispatcher``: ple_bench's own worker processes, or this process under torchrun),
 derives and records every outcome as soon as it is known, survives crashes and Ctrl-C, resumes,
-shows progress, and ends with the report.  The run's ``meta.json`` is ``provenance``'s."""
+shows progress.  The report and the exports of a run are the CLI's to ask for, after it.  The run's ``meta.json`` is ``provenance``'s."""
 
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ from ..results import RunWriter, new_run_id
 @dataclass
 class RunOptions:
     results_dir: Path = Path("results")
-    reports_dir: Path = Path("reports")
     resume: Path | None = None
     case_filter: list[str] = field(default_factory=list)
     case_timeout_s: float = 900.0
     progress: bool = True
-    report: bool = True
     nvtx: bool = True
     profile_window: bool = False
     torch_trace: int | None = None  # record a torch.profiler trace of N samples per window, per case
@@ -41,7 +39,6 @@ class RunSummary:
     run_dir: Path
     counts: dict[str, int]
     interrupted: bool = False
-    report: Path | None = None
     resume_command: str | None = None
     aborted: str | None = None  # why a torchrun run ended early
     meta: dict[str, Any] = field(default_factory=dict)  # the run's meta.json at its end
@@ -273,17 +270,4 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
                          aborted=executor.abort_reason, meta=meta,
                          records=load_records(run_dir, upgrade=False))
     summary.resume_command = resume_command(run_dir, options)
-    if options.report:
-        try:
-            from ..report import build_report
-
-            summary.report = build_report(run_dir, options.reports_dir)
-        except Exception as exc:  # noqa: BLE001 - a report failure must not lose the run
-            print(f"warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
-        try:
-            from ..export import write_exports
-
-            write_exports(run_dir)  # summary.md, summary.csv, pytest-benchmark.json
-        except Exception as exc:  # noqa: BLE001
-            print(f"warning: summaries / pytest-benchmark JSON not written: {exc}", file=sys.stderr)
     return summary

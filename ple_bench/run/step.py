@@ -54,6 +54,7 @@ from ..backends.synthetic import synthetic_rows
 from ..compute import COMPUTE_KINDS, DecoderCompute
 from ..compute import decoder_shape as decoder_shape_of
 from .graphs import MODES, BreakableGraph, eager_break
+from ..measure.fields import lockstep
 from ..measure.repeat import Stopwatch, repeat_timed
 
 #: the weights of the compute ring together exceed this (several times the L2)
@@ -535,23 +536,6 @@ def _id_sets(ids) -> list[torch.Tensor]:
     return sets
 
 
-def _lockstep(policy):
-    """Every rank must take the same number of samples when the timed function
-    holds a collective (the DP gather, the ETP reduce)."""
-    if not dataclasses.is_dataclass(policy):
-        return policy
-    names = {f.name for f in dataclasses.fields(policy)}
-    if not {"min_samples", "max_samples"} <= names:
-        return policy
-    n = max(policy.min_samples, min(policy.max_samples, 30))
-    changes: dict[str, Any] = {"min_samples": n, "max_samples": n}
-    for name, value in (("max_time_s", 1e9), ("min_time_s", 0.0), ("max_noise", 0.0), ("warmup_ms", 0.0),
-                        ("remeasure_unstable", False)):
-        if name in names:
-            changes[name] = value
-    return dataclasses.replace(policy, **changes)
-
-
 def _median(samples: Sequence[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
@@ -637,7 +621,7 @@ def run_step_case(
         sets = [t.to(backend.device) for t in _id_sets(ids)]
     counts = list(dp_token_counts) if dp_token_counts is not None else None
     multi = backend.topology.world_size > 1
-    pol = _lockstep(policy) if multi else policy
+    pol = lockstep(policy) if multi else policy
     host_sync = type(backend).blocks_host or ids_on == "host"
 
     decoder = getattr(case, "compute", "matmul") == "decoder"
