@@ -57,6 +57,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .units import DTYPE_BYTES
+
 SCHEMA_VERSION = 6
 
 #: a lookup above this share of its ceiling says the ceiling is wrong for it (it does not
@@ -716,7 +718,6 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
 
 _UPGRADE_FILLED = ("schema_version", "upgraded_from", "missing_fields", "row_bytes", "table_bytes",
                    "host_gather_ceiling_gather")
-_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 def _version(rec: Mapping[str, Any]) -> int:
@@ -726,8 +727,8 @@ def _version(rec: Mapping[str, Any]) -> int:
 
 def _upgrade_fields(rec: dict[str, Any]) -> dict[str, Any]:
     """The version-1 fields a version-2 record names or derives differently."""
-    if _num(rec.get("row_bytes")) is None and _num(rec.get("dim")) is not None and rec.get("dtype") in _ELEMENT_BYTES:
-        rec["row_bytes"] = int(rec["dim"]) * _ELEMENT_BYTES[rec["dtype"]]
+    if _num(rec.get("row_bytes")) is None and _num(rec.get("dim")) is not None and rec.get("dtype") in DTYPE_BYTES:
+        rec["row_bytes"] = int(rec["dim"]) * DTYPE_BYTES[rec["dtype"]]
     if (_num(rec.get("table_bytes")) is None and _num(rec.get("row_bytes")) is not None
             and _num(rec.get("vocab_size")) is not None):
         rec["table_bytes"] = int(rec["row_bytes"]) * int(rec["vocab_size"])

@@ -8,13 +8,13 @@ import textwrap
 import pytest
 
 from ple_bench.spec.case import Case
+from ple_bench.units import format_bytes
 from ple_bench.spec.suite import (
     DTYPE_BYTES,
     REPO_SUITES_DIR,
     SuiteError,
     case_json,
     format_cases,
-    human_bytes,
     list_suites,
     load_suite,
 )
@@ -352,8 +352,8 @@ def test_format_cases_is_an_aligned_table():
     assert {row[dtype_col:].split()[0] for row in rows} == {"fp32", "fp16", "bf16", "fp8"}
     assert set(rule.replace(" ", "")) == {"-"}
     assert format_cases([]) == "(no cases)"
-    assert "e+" not in text and human_bytes((1 << 30) // 160 * 160) == "1 GiB"
-    assert human_bytes(640 * 1024) == "640 KiB" and human_bytes(12) == "12 B"
+    assert "e+" not in text and format_bytes((1 << 30) // 160 * 160) == "1 GiB"
+    assert format_bytes(640 * 1024) == "640 KiB" and format_bytes(12) == "12 B"
 
 
 # ------------------------------------------------------------------ lookup by name

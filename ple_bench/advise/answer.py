@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from ..report.verdict import EQUAL_PCT
+from ..units import DTYPE_BYTES, BadValue, parse_size
 
 EXIT_BAD_USAGE = 2
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 class AdviseError(ValueError):
@@ -414,17 +414,12 @@ def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict
 
 
 def run_advise(args: argparse.Namespace) -> int:
-    from ..spec.suite import _SIZE_RE, _SIZE_UNITS
-
     try:
         def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
-            m = _SIZE_RE.match(str(value))
-            if not m:
-                raise AdviseError(f"--{name}: {value!r} is not a size (e.g. 47.7GiB, 200GB, 51200286720)")
-            n = int(round(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()]))
-            if n < 1:
-                raise AdviseError(f"--{name}: {value!r} must be positive")
-            return n
+            try:
+                return parse_size(str(value), exact=False)
+            except BadValue as exc:
+                raise AdviseError(f"--{name}: {exc} (e.g. 47.7GiB, 200GB, 51200286720)") from None
 
         try:
             tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]

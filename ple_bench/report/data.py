@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
+from ..units import format_bytes
 
 # Case axes, in the order a person reads them.  ``seed`` and ``extra`` are
 # not varied axes for plotting purposes (extra is shown in the table).
@@ -254,13 +255,9 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 
 def fmt_bytes(n: Any) -> str:
+    """A stored byte count for display (:func:`ple_bench.units.format_bytes`); "" where there is none."""
     f = num(n)
-    if f is None:
-        return ""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if f >= scale * 0.9995:  # 1,073,741,760 B reads "1 GiB", not "1.02e+03 MiB"
-            return f"{f / scale:.3g} {unit}"
-    return f"{f:.0f} B"
+    return "" if f is None else format_bytes(f)
 
 
 def describe(record: dict[str, Any], axes: Iterable[str] = ("impl", "dtype")) -> str:

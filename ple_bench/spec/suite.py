@@ -128,12 +128,12 @@ from .case import (COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, I
                    with_baselines)
 from ..compute import DECODER_SHAPES
 from ..parallel import Topology, TopologyError
+from ..units import DTYPE_BYTES, BadValue, format_bytes, parse_size
 from .. import workload
 
 SUITES_ENV = "PLE_BENCH_SUITES_DIR"
 REPO_SUITES_DIR = Path(__file__).resolve().parents[2] / "suites"
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 STEP_ONLY_AXES = ("compute_us", "hidden", "compute") + DECODER_AXES
 MAX_GROUP_PRODUCT = 200_000
 MAX_RANGE_VALUES = 10_000
@@ -227,15 +227,6 @@ def case_json(case: Case) -> dict[str, Any]:
     return {"case_id": case.case_id, **case.axes()}
 
 
-def human_bytes(n: int) -> str:
-    """Approximate size for display: a table of ``bytes // row_bytes`` rows a few bytes
-    short of 1 GiB still shows as "1 GiB"."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 0.999 * (1 << shift):
-            return f"{n / (1 << shift):.3g} {unit}"
-    return f"{n} B"
-
-
 def format_cases(cases: list[Case]) -> str:
     """An aligned table: one row per case; axes equal in every case are listed once above it."""
     if not cases:
@@ -251,7 +242,7 @@ def format_cases(cases: list[Case]) -> str:
     common = [n for n in names if n not in varying and key(rows[0][n]) != key(defaults[n])]
     header = ["#", "case_id"] + varying + ["table"]
     body = [
-        [str(i), r["case_id"]] + [_cell(r[n]) for n in varying] + [human_bytes(_table_bytes(c))]
+        [str(i), r["case_id"]] + [_cell(r[n]) for n in varying] + [format_bytes(_table_bytes(c))]
         for i, (r, c) in enumerate(zip(rows, cases), 1)
     ]
     widths = [max(len(row[j]) for row in [header] + body) for j in range(len(header))]
@@ -294,13 +285,13 @@ def format_cases_narrow(suite: "Suite", width: int = 100) -> str:
             continue
         rows = [case_json(c) for c in cases]
         varying = [n for n in names if len({json.dumps(r[n], sort_keys=True, default=str) for r in rows}) > 1]
-        sizes = {human_bytes(_table_bytes(c)) for c in cases}
+        sizes = {format_bytes(_table_bytes(c)) for c in cases}
         head = f"[{name}] {len(cases)} case{'s' if len(cases) != 1 else ''}" + (
             f", table {next(iter(sizes))}" if len(sizes) == 1 else "") + (
             ", varying " + ", ".join(varying) if varying else "")
         out += textwrap.wrap(head, width, subsequent_indent="    ")
         size_width = max(map(len, sizes))
-        out += [f"{number[c.case_id]:>{digits}}  " + (f"{human_bytes(_table_bytes(c)):>{size_width}}  "
+        out += [f"{number[c.case_id]:>{digits}}  " + (f"{format_bytes(_table_bytes(c)):>{size_width}}  "
                                                        if len(sizes) > 1 else "") + c.case_id for c in cases]
     out.append(f"{len(suite.cases)} case{'s' if len(suite.cases) != 1 else ''} (--wide: every axis as a column)")
     return "\n".join(out)
@@ -329,41 +320,14 @@ def _is_number(s: str) -> bool:
 
 
 # ------------------------------------------------------------------ value parsing
-class _Bad(Exception):
-    """A bad value; the parser adds file and place."""
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from an integer or a string like "64MiB", "1.5 GiB", "8GB"."""
-    if isinstance(value, bool):
-        raise _Bad(f"{value!r} is not a size")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
-        n = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()]
-        if n != int(n):
-            raise _Bad(f"size {value!r} is not a whole number of bytes")
-        n = int(n)
-    else:
-        raise _Bad(f"{value!r} is not a size; allowed: a positive integer or a string like '64MiB', '32GiB'")
-    if n < 1:
-        raise _Bad(f"size {value!r} must be positive")
-    return n
-
-
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
     def conv(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise _Bad(f"{v!r} is not an integer")
+            raise BadValue(f"{v!r} is not an integer")
         if lo is not None and v < lo:
-            raise _Bad(f"{v!r} must be >= {lo}")
+            raise BadValue(f"{v!r} must be >= {lo}")
         if hi is not None and v > hi:
-            raise _Bad(f"{v!r} must be <= {hi}")
+            raise BadValue(f"{v!r} must be <= {hi}")
         return v
 
     return conv
@@ -372,11 +336,11 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
 def _float(lo: float, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], float]:
     def conv(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise _Bad(f"{v!r} is not a number")
+            raise BadValue(f"{v!r} is not a number")
         if v < lo or (lo_open and v == lo):
-            raise _Bad(f"{v!r} must be {'>' if lo_open else '>='} {lo:g}")
+            raise BadValue(f"{v!r} must be {'>' if lo_open else '>='} {lo:g}")
         if hi is not None and v > hi:
-            raise _Bad(f"{v!r} must be <= {hi:g}")
+            raise BadValue(f"{v!r} must be <= {hi:g}")
         return float(v)
 
     return conv
@@ -385,7 +349,7 @@ def _float(lo: float, hi: float | None = None, lo_open: bool = False) -> Callabl
 def _choice(allowed: tuple[str, ...], what: str) -> Callable[[Any], str]:
     def conv(v: Any) -> str:
         if v not in allowed:
-            raise _Bad(f"unknown {what} {v!r}; allowed: {', '.join(allowed)}")
+            raise BadValue(f"unknown {what} {v!r}; allowed: {', '.join(allowed)}")
         return v
 
     return conv
@@ -393,7 +357,7 @@ def _choice(allowed: tuple[str, ...], what: str) -> Callable[[Any], str]:
 
 def _str(v: Any) -> str:
     if not isinstance(v, str):
-        raise _Bad(f"{v!r} is not a string")
+        raise BadValue(f"{v!r} is not a string")
     return v
 
 
@@ -402,14 +366,14 @@ def _prefetch(v: Any) -> bool:
         return v
     if isinstance(v, str) and v.lower() in ("on", "off"):
         return v.lower() == "on"
-    raise _Bad(f"{v!r} is not a prefetch setting; allowed: true, false, 'on', 'off'")
+    raise BadValue(f"{v!r} is not a prefetch setting; allowed: true, false, 'on', 'off'")
 
 
 def _ids(v: Any) -> str:
     try:
         return workload.parse_ids_spec(v).canonical
     except ValueError as exc:
-        raise _Bad(str(exc)) from None
+        raise BadValue(str(exc)) from None
 
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -424,7 +388,7 @@ def _impl(v: Any) -> str:
     if isinstance(v, str) and _IMPORT_PATH.match(v):
         _check_import_path(v)
         return v
-    raise _Bad(f"unknown impl {v!r}; allowed: {', '.join(names)} or an import path 'package.module:Class'")
+    raise BadValue(f"unknown impl {v!r}; allowed: {', '.join(names)} or an import path 'package.module:Class'")
 
 
 def _check_import_path(path: str) -> None:
@@ -436,7 +400,7 @@ def _check_import_path(path: str) -> None:
         get_backend(path)
     except Exception as exc:  # noqa: BLE001  (a module may raise anything while importing)
         why = " ".join(str(exc).split()) or type(exc).__name__
-        raise _Bad(f"impl {path!r} does not load as a backend: {why}") from None
+        raise BadValue(f"impl {path!r} does not load as a backend: {why}") from None
 
 
 def _kernel(v: Any) -> str:
@@ -445,13 +409,13 @@ def _kernel(v: Any) -> str:
     names = kernel_names()
     if v == "" or v in names:
         return v
-    raise _Bad(f"unknown kernel {v!r}; allowed: '' (the backend's default), {', '.join(names)}")
+    raise BadValue(f"unknown kernel {v!r}; allowed: '' (the backend's default), {', '.join(names)}")
 
 
 def _extra_value(v: Any) -> Any:
     if isinstance(v, (str, int, float, bool)):
         return v
-    raise _Bad(f"{v!r} is not a scalar; extra axes take strings, numbers or booleans")
+    raise BadValue(f"{v!r} is not a scalar; extra axes take strings, numbers or booleans")
 
 
 AXES: dict[str, Callable[[Any], Any]] = {
@@ -516,7 +480,7 @@ TIMING: dict[str, tuple[Callable[[Any], Any], str]] = {
 
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise _Bad(f"{v!r} is not a boolean")
+        raise BadValue(f"{v!r} is not a boolean")
     return v
 
 
@@ -530,24 +494,24 @@ def _range_values(spec: dict[str, Any], conv: Callable[[Any], Any]) -> list[Any]
             or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 62 for b in bounds)
             or bounds[0] > bounds[1]
         ):
-            raise _Bad(f"bad range {spec!r}: pow2 takes [lo, hi], integers 0 <= lo <= hi <= 62")
+            raise BadValue(f"bad range {spec!r}: pow2 takes [lo, hi], integers 0 <= lo <= hi <= 62")
         return [1 << e for e in range(bounds[0], bounds[1] + 1)]
     if keys not in ({"start", "stop", "mul"}, {"start", "stop", "step"}):
-        raise _Bad(
+        raise BadValue(
             f"bad range {spec!r}; allowed range tables: {{start, stop, mul}}, {{start, stop, step}}, "
             "{pow2 = [lo, hi]} (stop is inclusive)"
         )
     start, stop = conv(spec["start"]), conv(spec["stop"])
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (start, stop)):
-        raise _Bad(f"bad range {spec!r}: start and stop must be numbers")
+        raise BadValue(f"bad range {spec!r}: start and stop must be numbers")
     if start > stop:
-        raise _Bad(f"bad range {spec!r}: start > stop")
+        raise BadValue(f"bad range {spec!r}: start > stop")
     is_int = isinstance(start, int) and isinstance(stop, int)
     values: list[Any] = []
     if "mul" in spec:
         mul = spec["mul"]
         if isinstance(mul, bool) or not isinstance(mul, (int, float)) or mul <= 1 or start <= 0:
-            raise _Bad(f"bad range {spec!r}: mul must be a number > 1 and start > 0")
+            raise BadValue(f"bad range {spec!r}: mul must be a number > 1 and start > 0")
         is_int = is_int and isinstance(mul, int)
         x = start
         while x <= stop * (1 + 1e-12):
@@ -558,14 +522,14 @@ def _range_values(spec: dict[str, Any], conv: Callable[[Any], Any]) -> list[Any]
     else:
         step = spec["step"]
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
-            raise _Bad(f"bad range {spec!r}: step must be a number > 0")
+            raise BadValue(f"bad range {spec!r}: step must be a number > 0")
         is_int = is_int and isinstance(step, int)
         count = int(math.floor((stop - start) / step + 1e-9)) + 1
         if count > MAX_RANGE_VALUES:
-            raise _Bad(f"bad range {spec!r}: more than {MAX_RANGE_VALUES} values")
+            raise BadValue(f"bad range {spec!r}: more than {MAX_RANGE_VALUES} values")
         values = [start + i * step for i in range(count)]
     if len(values) > MAX_RANGE_VALUES:
-        raise _Bad(f"bad range {spec!r}: more than {MAX_RANGE_VALUES} values")
+        raise BadValue(f"bad range {spec!r}: more than {MAX_RANGE_VALUES} values")
     if not is_int:
         values = [round(float(v), 12) for v in values]
     return values
@@ -579,7 +543,7 @@ def _expand(value: Any, conv: Callable[[Any], Any]) -> list[Any]:
         if isinstance(item, dict):
             raw = _range_values(item, conv)
         elif isinstance(item, list):
-            raise _Bad(f"nested list {item!r}; an axis takes a scalar, a list of scalars or range tables")
+            raise BadValue(f"nested list {item!r}; an axis takes a scalar, a list of scalars or range tables")
         else:
             raw = [item]
         for v in raw:
@@ -587,7 +551,7 @@ def _expand(value: Any, conv: Callable[[Any], Any]) -> list[Any]:
             if v not in out:
                 out.append(v)
     if not out:
-        raise _Bad("empty list: an axis needs at least one value")
+        raise BadValue("empty list: an axis needs at least one value")
     return out
 
 
@@ -628,14 +592,14 @@ class Constraint:
 
     def __init__(self, text: str):
         if not isinstance(text, str):
-            raise _Bad(f"{text!r} is not a string")
+            raise BadValue(f"{text!r} is not a string")
         self.text = text
         self.named = NAMED_CONSTRAINTS.get(text.strip())
         if self.named is None:
             try:
                 self.tree = ast.parse(text.strip(), mode="eval").body
             except SyntaxError:
-                raise _Bad(f"cannot parse constraint {text!r}; {self.help()}") from None
+                raise BadValue(f"cannot parse constraint {text!r}; {self.help()}") from None
             self._check(self.tree)
 
     @staticmethod
@@ -651,11 +615,11 @@ class Constraint:
               *_BINOPS, *_CMPOPS)
         for sub in ast.walk(node):
             if not isinstance(sub, ok):
-                raise _Bad(f"constraint {self.text!r}: {type(sub).__name__} is not allowed; {self.help()}")
+                raise BadValue(f"constraint {self.text!r}: {type(sub).__name__} is not allowed; {self.help()}")
             if isinstance(sub, ast.Name) and sub.id not in CONSTRAINT_NAMES and sub.id not in _LITERAL_NAMES:
-                raise _Bad(f"constraint {self.text!r}: unknown name {sub.id!r}; {self.help()}")
+                raise BadValue(f"constraint {self.text!r}: unknown name {sub.id!r}; {self.help()}")
             if isinstance(sub, ast.Constant) and not isinstance(sub.value, (int, float, str)):
-                raise _Bad(f"constraint {self.text!r}: literal {sub.value!r} is not allowed; {self.help()}")
+                raise BadValue(f"constraint {self.text!r}: literal {sub.value!r} is not allowed; {self.help()}")
 
     def __call__(self, env: dict[str, Any]) -> bool:
         if self.named is not None:
@@ -663,7 +627,7 @@ class Constraint:
         try:
             return bool(self._eval(self.tree, env))
         except (ZeroDivisionError, TypeError, OverflowError) as exc:
-            raise _Bad(f"constraint {self.text!r} failed on {_brief(env)}: {exc}") from None
+            raise BadValue(f"constraint {self.text!r} failed on {_brief(env)}: {exc}") from None
 
     def _eval(self, node: ast.AST, env: dict[str, Any]) -> Any:
         if isinstance(node, ast.Constant):
@@ -780,7 +744,7 @@ class _SuiteParser:
             conv, allowed = TIMING[key]
             try:
                 out[key] = conv(value)
-            except _Bad:
+            except BadValue:
                 raise self.fail(where, f"key {key!r}: {value!r}; allowed: {allowed}") from None
         for lo, hi in (("min_samples", "max_samples"), ("min_time_s", "max_time_s")):
             if lo in out and hi in out and out[hi] < out[lo]:
@@ -813,7 +777,7 @@ class _SuiteParser:
     def _expand(self, value: Any, conv: Callable[[Any], Any], where: str, key: str) -> list[Any]:
         try:
             return _expand(value, conv)
-        except _Bad as exc:
+        except BadValue as exc:
             raise self.fail(where, f"key {key!r}: {exc}") from None
 
     def _group(self, index: int, raw: Any, default_axes: dict[str, list[Any]]) -> tuple[SuiteGroup, list[Case]]:
@@ -894,7 +858,7 @@ class _SuiteParser:
         for i, text in enumerate(raw, 1):
             try:
                 out.append(Constraint(text))
-            except _Bad as exc:
+            except BadValue as exc:
                 raise self.fail(where, f"constraints[{i}]: {exc}") from None
         return out
 
@@ -936,7 +900,7 @@ class _SuiteParser:
             try:
                 if not constraint(env):
                     return None
-            except _Bad as exc:
+            except BadValue as exc:
                 raise self.fail(where, f"key 'constraints': {exc}") from None
         self._validate(full, where)
         return Case.from_axes(dict(axes, extra=extra))
