@@ -32,7 +32,8 @@ from .report import add_report_args, build_report, run_report
 from .report.compare import add_compare_args, run_compare
 from .results import RunFileError, ensure_writable_dir, expected_case_ids, load_meta
 from .run.loop import RunOptions, run_suite, select_cases, summary_lines
-from .spec.suite import SuiteError, case_json, format_cases, format_cases_narrow, list_suites, load_suite
+from .spec.listing import case_json, format_cases, format_cases_narrow
+from .spec.suite import SuiteError, list_suites, load_suite
 
 EXIT_BAD_USAGE = 2
 EXIT_INTERRUPTED = 130

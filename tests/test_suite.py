@@ -8,16 +8,9 @@ import textwrap
 import pytest
 
 from ple_bench.spec.case import Case
-from ple_bench.units import format_bytes
-from ple_bench.spec.suite import (
-    DTYPE_BYTES,
-    REPO_SUITES_DIR,
-    SuiteError,
-    case_json,
-    format_cases,
-    list_suites,
-    load_suite,
-)
+from ple_bench.spec.listing import case_json, format_cases
+from ple_bench.spec.suite import REPO_SUITES_DIR, SuiteError, list_suites, load_suite
+from ple_bench.units import DTYPE_BYTES, format_bytes
 
 SHIPPED = ["default", "full", "nightly", "overlap", "smoke", "topology"]
 GiB, MiB = 1 << 30, 1 << 20
@@ -484,7 +477,7 @@ def test_bad_suite_is_one_clear_error(tmp_path, text, expected):
 
 def test_timing_keys_match_the_timing_policy(shipped):
     from ple_bench.measure import TimingPolicy
-    from ple_bench.spec.suite import TIMING
+    from ple_bench.spec.axes import TIMING
 
     assert set(TIMING) == {f.name for f in dataclasses.fields(TimingPolicy)}
     for suite in shipped.values():

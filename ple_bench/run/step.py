@@ -40,7 +40,6 @@ returns its record fields (see its docstring).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from typing import Any, Callable, Sequence
