@@ -24,7 +24,7 @@ from . import annotate, env
 from .advise.answer import add_advise_args, run_advise
 from .backends.uva import uva_available
 from .env import FORCE_CPU_ENV, force_cpu, gpu_available, gpu_count
-from .export import write_exports
+from .report.export import write_exports
 from .measure import TimingPolicy
 from .measure.profiler import torch_trace_name
 from .record import markdown

@@ -98,7 +98,7 @@ def test_run_smoke_end_to_end(tmp_path):
     from ple_bench.spec.suite import load_suite
 
     assert {r["case_id"] for r in recs} == {c.case_id for c in load_suite("smoke").cases}
-    # the run's summaries beside its records (ple_bench.export), one row per record
+    # the run's summaries beside its records (ple_bench.report.export), one row per record
     import pandas as pd
 
     assert list(pd.read_csv(run_dir / "summary.csv")["case_id"]) == [r["case_id"] for r in recs]

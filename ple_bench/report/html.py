@@ -8,7 +8,7 @@ images inline) and opens from disk with no network.
 
 CLI: ``python -m ple_bench report RUN_DIR [--reports-dir DIR] [--history RUN_DIR ...]
 [--history-last N]`` through :func:`add_report_args` / :func:`run_report`; it also rewrites the
-run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.export`).
+run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.report.export`).
 """
 
 from __future__ import annotations
@@ -626,7 +626,7 @@ def run_report(args: argparse.Namespace) -> int:
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
         return 2
-    from ..export import write_exports
+    from .export import write_exports
 
     try:  # the run's summaries beside its records, as a run writes them
         write_exports(args.run_dir)

@@ -16,7 +16,7 @@ The pytest-benchmark document:
 ``version``.  Times are in **seconds** as pytest-benchmark stores them; every
 sample is one round of one iteration.  Built from the stored records alone.
 
-CLI: ``python -m ple_bench.export RUN_DIR [--out PATH]`` (all three; ``--out``: the JSON's path).
+CLI: ``python -m ple_bench.report.export RUN_DIR [--out PATH]`` (all three; ``--out``: the JSON's path).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Sequence
 
-from .record import keys_for
-from .spec.case import Case
-from .report.data import (
+from ..record import keys_for
+from ..spec.case import Case
+from .data import (
     ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
 )
 
@@ -254,7 +254,7 @@ def write_exports(run_dir: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ple_bench.export",
+    parser = argparse.ArgumentParser(prog="python -m ple_bench.report.export",
                                      description="write a run's summary.md, summary.csv and pytest-benchmark JSON")
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="default: RUN_DIR/pytest-benchmark.json")
