@@ -454,11 +454,11 @@ def test_plot_legends_hold_at_most_eight_entries_and_the_rest_is_one_click_away(
 def test_log_axes_are_ticked_at_the_measured_values():
     from matplotlib.figure import Figure
 
-    from ple_bench.report.plots import _finish
+    from ple_bench.report.plots import finish_axes
 
     ax = Figure().subplots()
     ax.plot([64, 256, 512], [0.21, 0.26, 0.5])
-    _finish(ax, "tokens", "ms", logx=True, logy=True, xbase=2)
+    finish_axes(ax, "tokens", "ms", logx=True, logy=True, xbase=2)
     assert list(ax.get_xticks()) == [64, 256, 512]  # not 2^6, 2^7, 2^8, 2^9
     labels = [ax.xaxis.get_major_formatter()(v, i) for i, v in enumerate(ax.get_xticks())]
     assert labels == ["64", "256", "512"]
@@ -468,7 +468,7 @@ def test_log_axes_are_ticked_at_the_measured_values():
     ax = Figure().subplots()
     sizes = [64 << 20, 1 << 30, 8 << 30, 32 << 30, 51_200_245_760, 100 << 30]
     ax.plot(sizes, [1, 2, 3, 4, 5, 6])
-    _finish(ax, "table", "GB/s", logx=True, xbase=2, bytes_x=True)
+    finish_axes(ax, "table", "GB/s", logx=True, xbase=2, bytes_x=True)
     ticks = list(ax.get_xticks())
     assert ticks[0] == sizes[0] and ticks[-1] == sizes[-1] and 51_200_245_760 not in ticks and len(ticks) >= 4
 

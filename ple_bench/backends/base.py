@@ -524,7 +524,7 @@ class PLEEmbedding(ABC):
         rows = self.lookup(ids, counts)
         if out is None:
             return rows
-        _check_out(out, rows)
+        check_out(out, rows)
         out.copy_(rows)
         return out
 
@@ -543,7 +543,7 @@ def _reduce_view(rows: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def _check_out(out: torch.Tensor, rows: torch.Tensor) -> None:
+def check_out(out: torch.Tensor, rows: torch.Tensor) -> None:
     if out.shape != rows.shape or out.dtype != rows.dtype or out.device != rows.device:
         raise ValueError(
             f"output must be {tuple(rows.shape)} {rows.dtype} on {rows.device}, "

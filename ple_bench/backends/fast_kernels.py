@@ -36,9 +36,9 @@ import torch
 
 from .kernels import (
     LookupKernel,
-    _KERNELS,
     get_kernel,
     grid_capped,
+    kernel_names,
     register_kernel,
     takes_grid_cap,
     torch_masked_lookup,
@@ -448,10 +448,10 @@ def make_dedup_kernel(inner: str | LookupKernel) -> LookupKernel:
 
 
 def _register_dedup_variants() -> None:
-    for name in [k for k in list(_KERNELS) if not k.startswith("dedup")]:
+    for name in [k for k in kernel_names() if not k.startswith("dedup")]:
         register_kernel(f"dedup:{name}")(make_dedup_kernel(name))
-    register_kernel("dedup_triton")(_KERNELS["dedup:triton_tuned"])
-    register_kernel("dedup_torch")(_KERNELS["dedup:torch_masked"])
+    register_kernel("dedup_triton")(get_kernel("dedup:triton_tuned"))
+    register_kernel("dedup_torch")(get_kernel("dedup:torch_masked"))
 
 
 _register_dedup_variants()

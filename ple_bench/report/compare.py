@@ -104,8 +104,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from .data import (AXES, BadRunError, Run, describe, fmt, load_run, measured_samples, num,
-                   unflagged_throttled, varying_axes)
+from .data import (AXES, BadRunError, Run, case_label, fmt, load_run, measured_samples,
+                   median_or_stored, run_median, unflagged_throttled, varying_axes)
+from .history import run_history
 
 MIN_SAMPLES = 5  # pooled mode: fewer samples a side is "insufficient"
 MIN_RUNS = 3  # run-median mode: runs a side needed (and ok runs a case needs)
@@ -304,13 +305,6 @@ def runs_needed(m: int, alpha: float) -> int:
     return n
 
 
-def _median_or_stored(samples: list[float], records: Sequence[dict[str, Any]]) -> float | None:
-    if samples:
-        return statistics.median(samples)
-    stored = [m for m in (num(r.get("median_ms")) for r in records) if m is not None]
-    return statistics.median(stored) if stored else None
-
-
 def _change(base_ms: float | None, cand_ms: float | None) -> float | None:
     return (cand_ms - base_ms) / base_ms * 100 if base_ms and cand_ms is not None else None
 
@@ -345,7 +339,7 @@ def compare_pooled(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, An
     """One case, each side's runs' (throttle-filtered) samples pooled: pooled medians, two-sided test."""
     bs = [s for r in bases for s in measured_samples(r)]
     cs = [s for r in cands for s in measured_samples(r)]
-    bm, cm = _median_or_stored(bs, bases), _median_or_stored(cs, cands)
+    bm, cm = median_or_stored(bs, bases), median_or_stored(cs, cands)
     change = _change(bm, cm)
     p_value = None
     if len(bs) < min_samples or len(cs) < min_samples or change is None:
@@ -355,12 +349,6 @@ def compare_pooled(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, An
         verdict = _verdict(change, p_value, threshold_pct, alpha)
     return _comparison(bases, cands, bm, cm, change, p_value, len(bs), len(cs), verdict, "samples",
                        _noise_pct(bs), _noise_pct(cs))
-
-
-def run_median(record: dict[str, Any]) -> float | None:
-    """One run's observation of a case: the median of its throttle-filtered samples
-    (the stored ``median_ms`` when the record kept no samples)."""
-    return _median_or_stored(measured_samples(record), [record])
 
 
 def compare_run_medians(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, Any]], threshold_pct: float,
@@ -388,7 +376,7 @@ def compare_run_medians(bases: Sequence[dict[str, Any]], cands: Sequence[dict[st
 
 def _comparison(bases, cands, bm, cm, change, p_value, nb, nc, verdict, basis, b_noise, c_noise) -> CaseComparison:
     last = cands[-1]
-    return CaseComparison(case_id=str(last.get("case_id")), label=_label(last), baseline_ms=bm, candidate_ms=cm,
+    return CaseComparison(case_id=str(last.get("case_id")), label=case_label(last), baseline_ms=bm, candidate_ms=cm,
                           change_pct=change, p_value=p_value, n_baseline=nb, n_candidate=nc, verdict=verdict,
                           basis=basis, baseline_noise_pct=b_noise, candidate_noise_pct=c_noise,
                           baseline_timer=timer_of(bases), candidate_timer=timer_of(cands),
@@ -411,18 +399,6 @@ def comparable_timers(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str,
     """Both sides timed with one and the same timer."""
     b, c = timer_of(bases), timer_of(cands)
     return b == c and "+" not in b
-
-
-def _label(record: dict[str, Any]) -> str:
-    """What a case is, in a few words (the case id hides some axes in its hash)."""
-    axes = ["kind", "impl", "dtype", "num_tokens"]
-    if record.get("kind") == "step":
-        axes += ["prefetch", "compute_us"]
-    text = describe(record, axes)
-    tp, etp, dp = (record.get(k) or 1 for k in ("tp", "etp", "dp"))
-    if (tp, etp, dp) != (1, 1, 1):
-        text += f" tp{tp} etp{etp} dp{dp}"
-    return text
 
 
 def _as_list(dirs: PathLike | Sequence[PathLike]) -> list[PathLike]:
@@ -868,8 +844,6 @@ def add_compare_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 def run_compare(args: argparse.Namespace) -> int:
     if getattr(args, "history", None):
-        from .history import run_history
-
         return run_history(args)
     if args.vs is not None:
         baselines, candidates = list(args.runs), list(args.vs)

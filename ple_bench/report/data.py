@@ -405,3 +405,29 @@ def status_counts(records: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 def run_order_key(run: Run) -> tuple:
     return (run.started_at or "", run.run_id)
+
+
+def median_or_stored(samples: list[float], records: Sequence[dict[str, Any]]) -> float | None:
+    """The median of ``samples``, else of the records' stored ``median_ms`` (records that kept no samples)."""
+    if samples:
+        return statistics.median(samples)
+    stored = [m for m in (num(r.get("median_ms")) for r in records) if m is not None]
+    return statistics.median(stored) if stored else None
+
+
+def run_median(record: dict[str, Any]) -> float | None:
+    """One run's observation of a case: the median of its throttle-filtered samples
+    (the stored ``median_ms`` when the record kept no samples)."""
+    return median_or_stored(measured_samples(record), [record])
+
+
+def case_label(record: dict[str, Any]) -> str:
+    """What a case is, in a few words (the case id hides some axes in its hash)."""
+    axes = ["kind", "impl", "dtype", "num_tokens"]
+    if record.get("kind") == "step":
+        axes += ["prefetch", "compute_us"]
+    text = describe(record, axes)
+    tp, etp, dp = (record.get(k) or 1 for k in ("tp", "etp", "dp"))
+    if (tp, etp, dp) != (1, 1, 1):
+        text += f" tp{tp} etp{etp} dp{dp}"
+    return text

@@ -242,7 +242,7 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         for case in todo:
             progress.start(case.case_id)
             rec = executor.run_case(case, policy)
-            provenance._keep_host_gather_ceiling(rec, meta, writer)
+            provenance.keep_host_gather_ceiling(rec, meta, writer)
             derive_record(rec, case, meta, twins)
             writer.append(rec)
             counts[rec["status"]] += 1

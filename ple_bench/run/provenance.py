@@ -6,7 +6,7 @@ reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  Whi
 facts measured on the ranks are added to the same file as they become known, through
 :func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
 own workers, by ``run.torchrun`` under torchrun, which also adds every rank), and the per-case
-ceilings of the records -- host-gather, random-row (:func:`_keep_host_gather_ceiling`, called by the
+ceilings of the records -- host-gather, random-row (:func:`keep_host_gather_ceiling`, called by the
 suite loop)."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def add_measured(writer: RunWriter, meta: dict[str, Any], *, ceilings: dict[str,
     return meta
 
 
-def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
+def keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
     """A record's per-case ceilings go into ``meta.json``, once per key: a host path's
     host-gather ceiling per (table bytes, rows, row bytes),
     ``ceilings["host_gather"]["<table>:<rows>:<row>"]``, and a lookup's random-row
