@@ -261,7 +261,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     gpu = gpu_available()
     lines.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"))
     try:
-        import triton
+        import triton  # reported, not required: `env` says when it is missing
 
         lines.append(("triton", triton.__version__ + ("" if gpu else " (CPU: kernels run under the interpreter)")))
     except Exception as exc:  # noqa: BLE001
@@ -284,7 +284,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         path = shutil.which(tool)
         lines.append((tool, path or "not on PATH"))
     try:
-        import pynvml
+        import pynvml  # optional: NVML clocks
 
         pynvml.nvmlInit()
         lines.append(("NVML clocks", f"driver {pynvml.nvmlSystemGetDriverVersion()}"))

@@ -52,11 +52,13 @@ Schema versions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .spec.case import Case, has_compute
 from .units import DTYPE_BYTES
 
 SCHEMA_VERSION = 6
@@ -362,9 +364,6 @@ _num = num
 def twin_key(rec: Mapping[str, Any]) -> str:
     """The key a step shares with its prefetch-off twin: every case axis, with the
     prefetch-only settings (prefetch, stream_priority, sm_limit) at their off values."""
-    from .spec.case import Case
-    import dataclasses
-
     axes = {}
     for f in dataclasses.fields(Case):
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -403,9 +402,6 @@ def baseline_key(rec: Mapping[str, Any]) -> str:
     axis but the path's own (:data:`PATH_AXES`) -- the table, shape, heads, tokens, compute,
     id distribution and seed, and topology.  Prefetch is the path's: a resident table read on
     a side stream is a choice its server makes or not, as its graph mode is."""
-    from .spec.case import Case
-    import dataclasses
-
     axes = {}
     for f in dataclasses.fields(Case):
         if f.name in PATH_AXES:
@@ -607,8 +603,6 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
 
 
 def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] | None = None) -> None:
-    from .spec.case import has_compute
-
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     _derive_offload(rec, peers)
     if rec.get("status") == "ok" and rec.get("prefetch"):

@@ -53,6 +53,8 @@ STATUSES = ("ok", "skipped", "failed", "invalid")
 # Keys every record carries (None when not measured for that case): the schema's.
 from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION  # noqa: E402
 from .record import upgrade as _upgrade  # noqa: E402
+import gzip
+import tempfile
 
 
 def kept_samples(samples: list[float], throttled: list[bool] | None) -> list[float]:
@@ -185,8 +187,6 @@ def read_records(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[LostLi
         if path.exists():
             text = path.read_text(encoding="utf-8", errors="replace")
         elif packed.exists():
-            import gzip
-
             path = packed
             text = gzip.decompress(packed.read_bytes()).decode("utf-8", errors="replace")
         else:
@@ -262,8 +262,6 @@ def expected_case_ids(meta: dict[str, Any]) -> list[str] | None:
 def ensure_writable_dir(path: str | Path, what: str) -> None:
     """Create ``path`` (and its parents) and check a file can be written in it; ``RunFileError``
     naming ``what`` (the flag) otherwise -- before any case runs, not after the first."""
-    import tempfile
-
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -276,7 +274,7 @@ def load(run_dir: str | Path):
     """The records of a run as a pandas DataFrame (one row per case), in the current
     schema: older records upgraded (``upgraded_from``; ``missing_fields`` lists what an
     old record lacks; ``df.attrs["upgraded"]`` counts them)."""
-    import pandas as pd
+    import pandas as pd  # pandas: heavy, only the DataFrame view
 
     records = load_records(run_dir)
     df = pd.DataFrame.from_records(records)

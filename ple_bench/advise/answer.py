@@ -31,6 +31,15 @@ from typing import Any
 
 from ..report.verdict import EQUAL_PCT
 from ..units import DTYPE_BYTES, BadValue, parse_size
+from ..results import load
+from ..record import resident_figures
+from ..report.verdict import candidates, scope
+from ..workload import parse_ids_spec
+from ..env import gpu_available
+from .self_run import NO_GPU, functional_case_count, self_run
+from .what_if import WhatIf, model_advice
+from .model import build_model, load_runs
+from .html import write_advice_html
 
 EXIT_BAD_USAGE = 2
 
@@ -104,8 +113,6 @@ def _nearest(values, want: float, log: bool = False):
 
 
 def load_step_records(run_dirs: list[str]) -> list[dict[str, Any]]:
-    from ..results import load
-
     recs: list[dict[str, Any]] = []
     for d in run_dirs:
         df = load(d)
@@ -139,8 +146,6 @@ def _resident_options(rows: list[dict[str, Any]], pinned: list[Option], fits_hbm
     """The HBM rows: each resident figure a pinned option is held against (its case, graph mode
     and timer, from the option's own run: ``every`` maps (run, case_id) to records), then the
     resident steps with ids copied in the step (never a baseline)."""
-    from ..record import resident_figures
-
     out: list[Option] = []
     seen = set()
     for o in pinned:
@@ -196,7 +201,6 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
     same_shape = list(newest.values())
     # the rule of report/verdict.py: stable pinned steps with a resident baseline, one table size
     # (the nearest measured), one compute (the nearest), one id distribution
-    from ..report.verdict import candidates, scope
 
     cands = candidates(same_shape)
     sizes = {int(r["table_bytes"]) for r in cands if r.get("table_bytes")} or \
@@ -384,8 +388,6 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
 
 def wanted_ids(ids: str) -> str:
     """``--ids`` in its canonical spelling; AdviseError for a bad spec."""
-    from ..workload import parse_ids_spec
-
     try:
         return parse_ids_spec(ids).canonical
     except ValueError as exc:
@@ -395,8 +397,6 @@ def wanted_ids(ids: str) -> str:
 def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict[str, Any]]:
     """The records of id workload ``ids`` (any spelling of it); all of them when ``ids`` is None.
     AdviseError for a bad spec, or when the runs hold no record of it (naming those they hold)."""
-    from ..workload import parse_ids_spec
-
     if ids is None:
         return records
     want = wanted_ids(ids)
@@ -455,9 +455,6 @@ def run_advise(args: argparse.Namespace) -> int:
         if runs and args.functional_check:
             raise AdviseError("--functional-check runs advise's own cases: not with --runs")
         if not runs:
-            from ..env import gpu_available
-            from .self_run import NO_GPU, functional_case_count, self_run
-
             if not gpu_available() and not args.functional_check:
                 raise AdviseError(NO_GPU.format(n=functional_case_count(args, tokens)))
             runs = self_run(args, table, tokens)
@@ -472,8 +469,6 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"the table ({table / 2**30:.1f} GiB) fits neither the HBM budget "
                               f"({hbm / 2**30:.1f} GiB per GPU, ETP {args.etp}) nor the host budget "
                               f"({host / 2**30:.1f} GiB per node)")
-        from .what_if import WhatIf, model_advice
-        from .model import build_model, load_runs
 
         records, metas = load_runs(runs)
         records = records_for_ids(records, args.ids)
@@ -496,8 +491,6 @@ def run_advise(args: argparse.Namespace) -> int:
                                         host_bytes=host, graph_modes=args.graph)
             advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
         if args.html:
-            from .html import write_advice_html
-
             write_advice_html(advice, args, Path(args.html))
     except AdviseError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from ..report.html import render_page
+from ..report.plots import figure_uri
 
 
 def advise_plot(advice: Any, args: argparse.Namespace, model_points: list | None = None) -> str | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  (imported by plots.figure_uri)
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib: heavy, only the page draws
 
-    from ..report.plots import figure_uri
 
     m = advice.model
     if m is None or not m.answers:

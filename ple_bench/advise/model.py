@@ -72,6 +72,7 @@ from scipy.optimize import lsq_linear
 
 from ..record import device_resident, num
 from ..report.data import KERNEL_FREE_IMPLS
+from ..results import load_meta, load_records
 
 GIB = 1 << 30
 REF_TABLE = 32 * GIB  # the table size the per-row term is quoted at
@@ -733,8 +734,6 @@ def error_markdown(m: Model) -> str:
 
 def load_runs(run_dirs: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every record (tagged with ``_run_id``) and every meta.json of the run folders."""
-    from ..results import load_meta, load_records
-
     records, metas = [], []
     for d in run_dirs:
         run_id = Path(d).name

@@ -18,6 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..env import gpu_available
+from ..measure import TimingPolicy
+from ..results import ensure_writable_dir
+from ..run.loop import RunOptions, run_suite
+from ..spec.suite import load_suite
+
 SUITE_TEMPLATE = """# written by `python -m ple_bench advise` for the asked shape
 [suite]
 description = "advise: the cases one answer needs ({shape})"
@@ -93,8 +99,6 @@ def functional_case_count(args: argparse.Namespace, tokens: list[int]) -> int:
 
 
 def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: bool, where: Path | None = None):
-    from ..spec.suite import load_suite
-
     text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
                       compute_us=args.compute_us, gpu=gpu)
     path = (where or Path(tempfile.mkdtemp(prefix="ple_bench-advise-"))) / "advise.toml"
@@ -105,11 +109,6 @@ def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: b
 def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> list[str] | int:
     """Run the suite; the run folder to read, or the exit code when nothing can be ranked (a
     functional run: 0; interrupted: 130)."""
-    from ..env import gpu_available
-    from ..measure import TimingPolicy
-    from ..results import ensure_writable_dir
-    from ..run.loop import RunOptions, run_suite
-
     gpu = gpu_available()
     table = table_bytes if gpu else min(table_bytes, FUNCTIONAL_TABLE)
     text, suite = _write_suite(args, table, tokens, gpu)

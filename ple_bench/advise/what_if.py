@@ -9,7 +9,7 @@ compute at which the recommendation would flip ("what would change it")."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from .model import GIB, Model, PathFit, Point, path_id, path_label, predict
@@ -323,7 +323,6 @@ def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, 
         verdict = "No path fits the budgets."
     if w.etp > 1:
         verdict = f"ETP {w.etp}" + (f" over {w.nodes} nodes" if w.nodes > 1 else "") + ": " + verdict
-    from dataclasses import asdict
 
     return ModelAdvice(what_if=asdict(w), answers=answers, verdict=verdict,
                        what_would_change=what_would_change(model, tokens, compute_us, kw),

@@ -75,6 +75,7 @@ from ..parallel import Groups
 from .formats import StorageFormat, int_view
 from .kernels import get_kernel, takes_grid_cap
 from .synthetic import fill_synthetic
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -432,7 +433,6 @@ class PLEEmbedding(ABC):
         the DP ranks of its ETP group (``ids`` as they are when ETP does not span DP)."""
         if self.topology.replicas == 1:
             return ids
-        import torch.distributed as dist
 
         if ids.shape[0] < slot:
             pad = ids.new_zeros(slot - ids.shape[0], ids.shape[1])
@@ -486,7 +486,6 @@ class PLEEmbedding(ABC):
         owner per row); ``rows`` as they are without an ETP group."""
         if self.groups.etp_group is None:
             return rows
-        import torch.distributed as dist
 
         with annotate("reduce_rows", color="purple"):
             dist.all_reduce(_reduce_view(rows), group=self.groups.etp_group)

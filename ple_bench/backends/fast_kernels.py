@@ -176,7 +176,7 @@ def _describe(key: tuple) -> str:
 def _build(interpret: bool):
     if interpret in _built:
         return _built[interpret]
-    import triton.language as tl
+    import triton.language as tl  # (see kernels.triton_jit)
 
     def ple_lookup_rows_per_program(
         table_ptr, ids_ptr, out_ptr, slots_ptr, cache_ptr, n, vocab_start, vocab_end,
@@ -223,7 +223,7 @@ def _build(interpret: bool):
 def _jit(fn, interpret: bool):
     """:func:`kernels.triton_jit`, plus: no specialisation on the id count and
     shard bounds (arguments 5-7), which would only multiply compiles."""
-    import triton
+    import triton  # decorated lazily: TRITON_INTERPRET is read at decoration
 
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"

@@ -107,6 +107,8 @@ from typing import Any, Sequence, Union
 from .data import (AXES, BadRunError, Run, case_label, fmt, load_run, measured_samples,
                    median_or_stored, run_median, unflagged_throttled, varying_axes)
 from .history import run_history
+from .html import Column, render_page
+import numpy as np
 
 MIN_SAMPLES = 5  # pooled mode: fewer samples a side is "insufficient"
 MIN_RUNS = 3  # run-median mode: runs a side needed (and ok runs a case needs)
@@ -264,7 +266,7 @@ class CompareResult:
 def mann_whitney_p(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided") -> float:
     """Mann-Whitney U p-value of ``a`` vs ``b`` (scipy's ``alternative``: "less" = ``a`` tends to be
     smaller); 1.0 when the test cannot separate them (empty side, all values tied)."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # scipy: heavy, only a test needs it
 
     if not a or not b:
         return 1.0
@@ -283,8 +285,6 @@ def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: the i-th smallest p times (m - i + 1),
     made monotone and capped at 1.  A case is significant at family-wise level alpha when its
     adjusted p <= alpha."""
-    import numpy as np
-
     p = np.asarray(p_values, dtype=float)
     m = p.size
     if not m:
@@ -311,8 +311,6 @@ def _change(base_ms: float | None, cand_ms: float | None) -> float | None:
 
 def _noise_pct(values: Sequence[float]) -> float | None:
     """100 x std / mean of a side's observations (nvbench's noise: relative standard deviation)."""
-    import numpy as np
-
     if len(values) < 2:
         return None
     arr = np.asarray(values, dtype=float)
@@ -671,8 +669,6 @@ def _timer_cell(rec: dict[str, Any]) -> str:
 
 
 def write_compare_html(result: CompareResult, out: str | Path) -> Path:
-    from .html import Column, render_page
-
     runs = result.mode == "runs"
     test = "p (one-sided Mann–Whitney, run medians)" if runs else "p (Mann–Whitney, pooled samples)"
     columns = [
@@ -739,7 +735,7 @@ def summary_frame(result: CompareResult):
     compared cases, both times (ms), both noises (%), the change (%), raw and adjusted p and a status
     (:data:`STATUS`), plus a note (both timers of a not-comparable case, a broken case's reason).
     A pandas DataFrame (what :func:`write_csv` and :func:`write_markdown` write)."""
-    import pandas as pd
+    import pandas as pd  # pandas: heavy, only the CSV/markdown tables
 
     axes = varying_axes([c.axes for c in result.cases], exclude=("seed",))
     rows = []

@@ -118,7 +118,7 @@ def _commit_info(run: Run) -> dict[str, Any]:
 def to_pytest_benchmark(run: Run) -> dict[str, Any]:
     """The pytest-benchmark JSON document of a run (ok records with samples only)."""
     try:
-        from pytest_benchmark import __version__ as pb_version
+        from pytest_benchmark import __version__ as pb_version  # optional: the version it writes for
     except ImportError:  # the export does not need pytest-benchmark installed
         pb_version = PYTEST_BENCHMARK_VERSION_FALLBACK
     benchmarks = []
@@ -176,7 +176,7 @@ SUMMARY_FIELDS = ("case_id", "status", "path", *CASE_AXES, "topology", "table_by
 
 def summary_frame(run: Run):
     """The run's records as a DataFrame of :data:`SUMMARY_FIELDS` (a field no record has is left out)."""
-    import pandas as pd
+    import pandas as pd  # pandas: heavy, only the summary tables
 
     rows = [{**r, "topology": topology_label(r)} for r in run.records]
     df = pd.DataFrame.from_records(rows)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .data import BadRunError, Run, case_label, load_run, run_median, run_order_key
+from .html import render_page
 
 BASELINE_DIR = "baseline"  # nightly.sh's default baseline: RESULTS_DIR/baseline/<run_id> -> ../<run_id>
 
@@ -126,10 +127,10 @@ def load_history(results_dir: str | Path, baseline_dirs: Sequence[str | Path] | 
 
 def plot_case(history: History, case: CaseHistory) -> str:
     """One case's run medians over the runs (a data: URI of a PNG)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: only a page with plots
+    from matplotlib.figure import Figure  # (heavy, imported when drawn)
 
-    from .plots import finish_axes, figure_uri
+    from .plots import finish_axes, figure_uri  # plots imports matplotlib
 
     fig = Figure(figsize=(9, 3.0), layout="constrained")
     FigureCanvasAgg(fig)
@@ -156,8 +157,6 @@ def plot_case(history: History, case: CaseHistory) -> str:
 
 
 def write_history_html(history: History, out: str | Path) -> Path:
-    from .html import render_page
-
     for case in history.cases:
         case.plot_uri = plot_case(history, case)
     html = render_page("history.html", history=history, commits=history.commits,

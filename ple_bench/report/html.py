@@ -29,6 +29,7 @@ from .data import (
 )
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
 from .sections import decode_steps, hit_rate, path_groups, path_of, step_config_axes
+from .export import write_exports
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATUS_ORDER = ("ok", "skipped", "failed", "invalid")
@@ -479,7 +480,7 @@ def build_trend(current: Run, history_dirs: Sequence[str | Path]) -> Trend | Non
                 values.append(rec[f"run{i}"])
         rec["change"] = (values[-1] / values[-2] - 1) * 100 if len(values) >= 2 and values[-2] else None
         rows.append({"status": "", "cells": [c.cell(rec) for c in columns]})
-    from .plots import plot_trend
+    from .plots import plot_trend  # plots imports matplotlib: only a page with plots
 
     return Trend(runs=ordered, plot=plot_trend(ordered, cases), columns=columns, rows=rows, skipped=skipped)
 
@@ -508,7 +509,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
                  history_dirs: Sequence[str | Path] | None = None) -> Path:
     """Write ``<reports_dir>/<run folder's name>/index.html`` for a stored run (:func:`report_dir`);
     returns its path."""
-    from .plots import make_plots
+    from .plots import make_plots  # plots imports matplotlib: only a page with plots
 
     run = load_run(run_dir)
     records = _sorted_records(run.records)
@@ -626,7 +627,6 @@ def run_report(args: argparse.Namespace) -> int:
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
         return 2
-    from .export import write_exports
 
     try:  # the run's summaries beside its records, as a run writes them
         write_exports(args.run_dir)

@@ -17,12 +17,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from .. import measure as m, traces
 from ..annotate import annotate
-from ..backends import get_backend, host_alloc, synthetic_rows
-from ..spec.case import Case
-from ..parallel import Groups, Topology
+from ..backends import fast_kernels, get_backend, host_alloc, synthetic_rows
+from ..backends.kernels import get_kernel, kernel_names, takes_grid_cap
+from ..measure import ceilings as ceil, host_gather_ceiling
+from ..measure.ceilings import HOST_GATHER_ID_SETS
 from ..measure.fields import lockstep, measurement_fields
+from ..parallel import Groups, Topology
+from ..spec.case import Case
+from ..traces import TraceUnavailable
+from ..workload import make_id_sets, make_ids, parse_ids_spec, warmup_ids
+from . import step as step_mod
 from .outcome import InvalidCase, SkipCase
 
 FP8_SCALE = 0.5
@@ -228,9 +236,6 @@ class CaseExecutor:
 
     def warmup_ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
         """Past traffic for a hot-row cache (``workload.warmup_ids``): never the measured ids."""
-        from ..traces import TraceUnavailable
-        from ..workload import warmup_ids
-
         try:
             ids = warmup_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size, seed=self._ids_seed(case, topo))
         except TraceUnavailable as exc:
@@ -283,9 +288,6 @@ class CaseExecutor:
     def id_sets_for(self, case: Case, topo: Topology, n: int) -> list[torch.Tensor]:
         """``n`` id sets of the case's workload (``workload.make_id_sets``: independent draws of a
         synthetic law, successive steps of real text's streams)."""
-        from ..traces import TraceUnavailable
-        from ..workload import make_id_sets
-
         try:
             sets = make_id_sets(case.ids, case.num_tokens, case.num_heads, case.vocab_size, n,
                                 seed=self._ids_seed(case, topo))
@@ -343,8 +345,6 @@ class CaseExecutor:
         self.check_output(case, backend, sets[0], fn())
 
     def _run_lookup(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
-        from .. import measure as m
-
         if case.graph == "breakable":
             raise SkipCase("graph=breakable applies to kind=step cases (a lookup alone has no breaks)")
         id_sets = ids
@@ -414,8 +414,6 @@ class CaseExecutor:
         distribution over the shard's rows (``workload.make_ids``), timed as the case is."""
         if type(backend).reads_ids_on_host or backend.weight is None:
             return {}
-        from ..measure import ceilings as ceil
-        from ..workload import make_ids, parse_ids_spec
 
         cpu = self.device.type != "cuda"
         in_host = bool(type(backend).table_in_host_memory)
@@ -465,9 +463,6 @@ class CaseExecutor:
         :func:`ple_bench.measure.host_gather_ceiling`) and ``ms``'s share of it."""
         if not type(backend).gathers_on_host or backend.weight is None:
             return {}  # copy engines: held against the host->device copy ceiling (record.choose_ceiling)
-        from ..measure import host_gather_ceiling
-        from ..measure.ceilings import HOST_GATHER_ID_SETS
-        from ..workload import make_ids, parse_ids_spec
 
         ids = parse_ids_spec(case.ids).canonical
         ident = (backend.table_bytes, rows, backend.row_bytes, ids)
@@ -510,8 +505,6 @@ class CaseExecutor:
         return out
 
     def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:
-        from .. import measure as m
-
         out: dict[str, Any] = {}
         ids = backend.device_ids(ids)  # the collectives take device tensors
         slot = backend.slot_size(ids.shape[0], counts)
@@ -532,8 +525,6 @@ class CaseExecutor:
         return out
 
     def _run_step(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
-        from . import step as step_mod
-
         id_sets = ids
         ids = id_sets[0]
         self._gate(case, backend, id_sets, counts)
@@ -582,12 +573,9 @@ def _grid_cap(case: Case, backend):
         yield
         return
     if not backend.supports_grid_cap:
-        from ..backends.kernels import kernel_names, takes_grid_cap, get_kernel
-
         capped = tuple(k for k in kernel_names() if takes_grid_cap(get_kernel(k)))
         raise SkipCase(f"grid_frac={case.grid_frac} needs a kernel with a grid cap {capped}; "
                        f"{backend.kernel_name} launches one program per id")
-    from ..backends import fast_kernels
 
     previous = backend.grid_cap
     backend.grid_cap = fast_kernels.max_programs_for_grid_frac(case.grid_frac, backend.device)
@@ -600,9 +588,6 @@ def _grid_cap(case: Case, backend):
 def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
     """What the traffic is: ``unique_rows_fraction`` from the ids looked up, and a real-text
     trace's provenance (``ids_trace``)."""
-    from .. import traces
-    from ..workload import parse_ids_spec
-
     fields: dict[str, Any] = {"unique_rows_fraction": traces.batch_traffic([s.cpu().numpy() for s in id_sets])}
     spec = parse_ids_spec(case.ids)
     if spec.kind == "text":
@@ -613,8 +598,6 @@ def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
 
 def _slowest_rank(rec: dict[str, Any]) -> dict[str, Any]:
     """Every rank measured; the case's time is the slowest rank's."""
-    import torch.distributed as dist
-
     mine = rec.get("median_ms") if rec.get("median_ms") is not None else rec.get("step_ms")
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (mine, rec.get("samples_ms"), rec.get("samples_throttled")))

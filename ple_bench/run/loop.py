@@ -1,19 +1,28 @@
 """The suite loop: orders a suite's cases so tables are reused, sends each to its ranks
 (``dispatch.CaseDispatcher``: ple_bench's own worker processes, or this process under torchrun),
 derives and records every outcome as soon as it is known, survives crashes and Ctrl-C, resumes,
-shows progress.  The report and the exports of a run are the CLI's to ask for, after it.  The run's ``meta.json`` is ``provenance``'s."""
+shows progress.  The run's ``meta.json`` is ``provenance``'s; its report and exports are the CLI's to
+ask for, after the run."""
 
 from __future__ import annotations
 
+import fnmatch
+import shlex
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import provenance
+from tqdm import tqdm
+
+from .. import record
+from ..backends import get_backend
+from ..record import Peers
+from ..results import RunWriter, load_records, new_run_id, not_reached
 from ..spec.case import Case, with_baselines
+from . import provenance
 from .dispatch import CaseDispatcher
-from ..results import RunWriter, new_run_id
 
 
 @dataclass
@@ -63,8 +72,6 @@ def order_cases(cases: list[Case]) -> list[Case]:
 
 
 def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True) -> list[Case]:
-    import fnmatch
-
     if not patterns:
         return cases
     chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.case_id, p) or c.case_id.startswith(p)
@@ -76,8 +83,6 @@ def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True)
 def table_in_host_memory(impl: str) -> bool | None:
     """The backend's declared capability ``table_in_host_memory`` (None when the
     backend cannot be resolved here)."""
-    from ..backends import get_backend
-
     try:
         return bool(get_backend(impl).table_in_host_memory)
     except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
@@ -87,8 +92,6 @@ def table_in_host_memory(impl: str) -> bool | None:
 def lookup_mechanism(impl: str) -> str | None:
     """How the backend moves its rows, from its declared capabilities (record field
     ``lookup_mechanism``; None when the backend cannot be resolved here)."""
-    from ..backends import get_backend
-
     try:
         cls = get_backend(impl)
     except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
@@ -102,8 +105,6 @@ def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) 
     """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
     are computed), then the record joins ``peers`` (:class:`ple_bench.record.Peers`: the
     overlap twins and resident baselines of the records after it)."""
-    from .. import record
-
     if not isinstance(peers, record.Peers):
         raise TypeError(f"derive_record needs a record.Peers (the run's twins and baselines), got {type(peers).__name__}")
     rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
@@ -123,8 +124,6 @@ class _Progress:
         self.silent = bar is None
         self.case_id = ""
         if bar and sys.stderr.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, unit="case", dynamic_ncols=True, file=sys.stderr,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
 
@@ -165,10 +164,6 @@ def summary_lines(summary: RunSummary, mode: str) -> list[str]:
     """The run's end on the console: every record of the run folder counted against the cases
     it was to record ("146 of 149"), the skips with their reasons, the cases not reached with
     their groups, and the command that continues the run."""
-    from collections import Counter
-
-    from ..results import not_reached
-
     meta, records = summary.meta, summary.records
     counts = Counter(r.get("status") for r in records)
     expected = int(meta.get("num_cases") or 0)
@@ -199,8 +194,6 @@ def summary_lines(summary: RunSummary, mode: str) -> list[str]:
 
 def resume_command(run_dir: Path, options: RunOptions) -> str | None:
     """The exact command that runs the cases ``run_dir`` lacks, or None where that is not possible."""
-    import shlex
-
     if options.resume_args is None:
         return None
     return shlex.join([sys.executable, "-m", "ple_bench", "run", "--resume", str(run_dir), *options.resume_args])
@@ -234,8 +227,6 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
     executor = CaseDispatcher(options, meta, writer)
-    from ..record import Peers
-    from ..results import load_records
 
     twins = Peers.of(load_records(run_dir) if done else [])  # overlap twins and resident baselines
     try:

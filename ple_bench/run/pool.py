@@ -12,7 +12,9 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
+import signal
 import socket
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -104,9 +106,6 @@ def _sigint_ignored():
     group, and a worker that got it (still importing, or mid-case) died with a KeyboardInterrupt
     traceback; the parent handles Ctrl-C and ends its workers itself.  Python keeps an inherited
     SIG_IGN for SIGINT (it installs its handler only over the default one)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

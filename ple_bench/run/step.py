@@ -45,16 +45,17 @@ import statistics
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from ..annotate import annotate
-from ..spec.case import has_compute
-from ..env import resolve_device
 from ..backends.synthetic import synthetic_rows
-from ..compute import COMPUTE_KINDS, DecoderCompute
-from ..compute import decoder_shape as decoder_shape_of
-from .graphs import MODES, BreakableGraph, eager_break
+from ..compute import COMPUTE_KINDS, DecoderCompute, decoder_shape as decoder_shape_of
+from ..env import resolve_device
 from ..measure.fields import lockstep
 from ..measure.repeat import Stopwatch, repeat_timed
+from ..record import FIELDS
+from ..spec.case import has_compute
+from .graphs import BreakableGraph, MODES, eager_break
 
 #: the weights of the compute ring together exceed this (several times the L2)
 RING_BYTES = 256 << 20
@@ -445,8 +446,6 @@ class DecodeStep:
 
 
 def _agree_max(value: int, device: torch.device) -> int:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
     t = torch.tensor([value], dtype=torch.int64,
@@ -540,8 +539,6 @@ def _median(samples: Sequence[float]) -> float | None:
 
 
 def _step_keys() -> tuple[str, ...]:
-    from ..record import FIELDS
-
     return tuple(f.name for f in FIELDS if f.kinds == "step" and not f.derived and not f.legacy)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+import textwrap
+from typing import Any, TYPE_CHECKING
 
 from ..units import format_bytes
 from .case import Case
@@ -57,8 +58,6 @@ def format_cases_narrow(suite: "Suite", width: int = 100) -> str:
     a case on one line: its number (as in :func:`format_cases`), its table size (in the group's
     head when one size serves the group) and ``case_id``, which spells the axes that differ from
     their defaults."""
-    import textwrap
-
     if not suite.cases:
         return "(no cases)"
     number = {c.case_id: i for i, c in enumerate(suite.cases, 1)}
