@@ -12,7 +12,7 @@ record section is that output; a test keeps them equal).
 
 Schema versions:
 
-* 1 -- records without ``schema_version`` (runs before issue 13): every step
+* 1 -- records without ``schema_version`` (the first schema): every step
   record carried GB/s and a % of an H2D / D2D copy ceiling, ``overlap_efficiency``
   was ``clamp(1 - exposed / lookup, 0, 1)`` on every step, lookups were held against
   the H2D (host tables) or D2D (device tables) copy ceiling.

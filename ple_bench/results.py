@@ -39,22 +39,24 @@ how it was allocated, see :mod:`ple_bench.backends.host_alloc`).
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 import re
 import secrets
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-STATUSES = ("ok", "skipped", "failed", "invalid")
-
 # Keys every record carries (None when not measured for that case): the schema's.
-from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION  # noqa: E402
-from .record import upgrade as _upgrade  # noqa: E402
-import gzip
-import tempfile
+from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION
+from .record import upgrade as _upgrade
+
+#: a record's ``status``: measured, cannot run here, a wrong result, anything else
+#: (:mod:`ple_bench.run.outcome` names the exception behind each)
+STATUSES = ("ok", "skipped", "failed", "invalid")
 
 
 def kept_samples(samples: list[float], throttled: list[bool] | None) -> list[float]:

@@ -1,4 +1,4 @@
-"""Ceilings that bind (issue 13 item 3) and one timing loop (issue 14 item 4), on the CPU:
+"""Ceilings that bind and one timing loop, on the CPU:
 
 * each lookup is held against the random-row ceiling of its own memory, table, row
   size and id distribution (hand-built records), bytes counted alike in both;
@@ -340,7 +340,7 @@ def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
 
 
 def test_the_archived_h200_run_presents_no_lookup_above_its_ceiling_as_fast():
-    """docs/runs/...-fa39 (session 4, default suite): every finding that quotes a share above 105 %
+    """docs/runs/...-fa39 (an H200 run of the default suite): every finding that quotes a share above 105 %
     of a ceiling says in the same sentence that the ceiling does not bind."""
     import re
 

@@ -1,4 +1,4 @@
-"""Fault isolation on a CPU (issue 14.2): each fault planted between two good cases, in one run.
+"""Fault isolation on a CPU: each fault planted between two good cases, in one run.
 The good cases are ``VictimBackend``, which fails in a process an earlier case poisoned, so an ok
 record proves the case ran in a fresh worker and the result is its own.  Faults: a worker killed
 (``os._exit``), a worker poisoned, a hang past ``--case-timeout``, a table larger than host memory

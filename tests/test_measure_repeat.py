@@ -1,5 +1,5 @@
-"""``ple_bench.measure.repeat``: the one loop for "median of repeated timed calls" (issue
-14 item 4) -- fixed counts, a budget, regions a call records -- and its users: the
+"""``ple_bench.measure.repeat``: the one loop for "median of repeated timed calls"
+-- fixed counts, a budget, regions a call records -- and its users: the
 decode step's compute regions and the all-reduce bus bandwidth (the ceilings' use is
 covered by tests/test_measure.py and tests/test_ceilings.py)."""
 

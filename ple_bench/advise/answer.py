@@ -29,17 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..report.verdict import EQUAL_PCT
-from ..units import DTYPE_BYTES, BadValue, parse_size
-from ..results import load
-from ..record import resident_figures
-from ..report.verdict import candidates, scope
-from ..workload import parse_ids_spec
 from ..env import gpu_available
+from ..record import resident_figures
+from ..report.verdict import EQUAL_PCT, candidates, scope
+from ..units import DTYPE_BYTES, BadValue, parse_size
+from ..workload import parse_ids_spec
+from .html import write_advice_html
+from .model import build_model, load_runs
 from .self_run import NO_GPU, functional_case_count, self_run
 from .what_if import WhatIf, model_advice
-from .model import build_model, load_runs
-from .html import write_advice_html
 
 EXIT_BAD_USAGE = 2
 
@@ -110,20 +108,6 @@ def _nearest(values, want: float, log: bool = False):
     def dist(v):
         return abs(math.log(v / want)) if log and v > 0 and want > 0 else abs(v - want)
     return min(values, key=dist) if values else None
-
-
-def load_step_records(run_dirs: list[str]) -> list[dict[str, Any]]:
-    recs: list[dict[str, Any]] = []
-    for d in run_dirs:
-        df = load(d)
-        if df.empty:
-            continue
-        run_id = Path(d).name
-        for rec in df.to_dict("records"):
-            if rec.get("status") == "ok" and rec.get("kind") == "step" and rec.get("mode", "gpu") != "functional":
-                rec["_run_id"] = run_id
-                recs.append(rec)
-    return recs
 
 
 def _ids_on(r: dict[str, Any]) -> str:

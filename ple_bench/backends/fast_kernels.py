@@ -88,7 +88,6 @@ INTERPRETER_CONFIG = TunedConfig(rows=4, num_warps=1, programs_per_sm=None)
 
 _max_programs: int | None = None
 _tuned: dict[tuple, TunedConfig] = {}
-_tuned_times: dict[tuple, dict[TunedConfig, float]] = {}
 _tune_lock = threading.Lock()
 _built: dict[bool, object] = {}
 _sm_count: dict[int, int] = {}
@@ -135,42 +134,6 @@ def default_config(words: int) -> TunedConfig:
     4 rows per program, about two words per thread."""
     tile = 4 * block_words(words)
     return TunedConfig(rows=4, num_warps=max(1, min(4, tile // 64)), programs_per_sm=None)
-
-
-def tuned_configs() -> dict[str, TunedConfig]:
-    """The tuner's winners so far, keyed by a readable description."""
-    return {_describe(key): cfg for key, cfg in _tuned.items()}
-
-
-def tuning_report() -> list[dict]:
-    """Per tuned key: the winner, its time, the untuned default's time and the
-    slowest candidate's (milliseconds, medians of 5 launches)."""
-    report = []
-    for key, times in _tuned_times.items():
-        best = _tuned[key]
-        default = default_config(key[3])
-        report.append({
-            "key": _describe(key), "best": str(best), "best_ms": times[best],
-            "default": str(default), "default_ms": times.get(default, float("nan")),
-            "worst_ms": max(times.values()), "candidates": len(times),
-        })
-    return report
-
-
-def clear_tuning() -> None:
-    _tuned.clear()
-    _tuned_times.clear()
-
-
-def _describe(key: tuple) -> str:
-    device, _ptr, word, words, bucket, cap, cached = key
-    word_bytes = torch.empty((), dtype=word).element_size()
-    text = f"cuda:{device} row={words * word_bytes}B ({words}x{str(word).replace('torch.', '')}) ids~{bucket}"
-    if cap is not None:
-        text += f" cap={cap}"
-    if cached:
-        text += " +cache"
-    return text
 
 
 def _build(interpret: bool):
@@ -385,7 +348,6 @@ def _tune(key: tuple, words: int, launch: Callable[[TunedConfig], None]) -> Tune
             times[cfg] = sorted(samples)[len(samples) // 2]
         best = min(times, key=times.__getitem__)
         _tuned[key] = best
-        _tuned_times[key] = times
         return best
 
 

@@ -1,7 +1,7 @@
 """How a case ends: one exception family (:class:`CaseOutcome`, each class naming its record status
 once) and :func:`case_record`, the record every path (pool, torchrun) builds from an outcome.
 
-Statuses: ``ok`` (measured), ``skipped`` (cannot run on this machine; the reason says why),
+Statuses (:data:`ple_bench.results.STATUSES`): ``ok`` (measured), ``skipped`` (cannot run on this machine; the reason says why),
 ``invalid`` (a wrong result; never timed), ``failed`` (anything else)."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from typing import Any
 
 from ..results import now_iso
 from ..spec.case import Case
-
-STATUSES = ("ok", "skipped", "failed", "invalid")
 
 
 class CaseOutcome(Exception):

@@ -1,4 +1,4 @@
-"""GPU checks of the per-case ceilings (issue 13 item 3) and the repeat loop (issue 14 item 4):
+"""GPU checks of the per-case ceilings and the repeat loop:
 ``python -m pytest -m gpu tests/gpu`` on a GPU machine; skipped with the reason elsewhere.
 
 A lookup is held against the random-row ceiling of its own table, row size and id

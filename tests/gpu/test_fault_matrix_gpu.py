@@ -1,4 +1,4 @@
-"""Fault isolation on a CUDA GPU (issue 14.2): one run of ``python -m ple_bench run`` over a
+"""Fault isolation on a CUDA GPU: one run of ``python -m ple_bench run`` over a
 generated suite whose faults sit between good cases: a device table larger than HBM and a pinned
 table larger than host memory (both skipped with the numbers, never allocated), a plug-in
 backend whose kernel writes to an illegal address (failed with the CUDA error; its worker's context

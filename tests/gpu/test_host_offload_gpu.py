@@ -1,5 +1,5 @@
-"""GPU checks of the host-offload paths, the host-sync timer and graph replays (issues 12, 13.5,
-15): ``python -m pytest -m gpu tests/gpu`` on a GPU machine; skipped with the reason elsewhere.
+"""GPU checks of the host-offload paths, the host-sync timer and graph replays:
+``python -m pytest -m gpu tests/gpu`` on a GPU machine; skipped with the reason elsewhere.
 
 Each test compares against values recomputed from the ids (``synthetic_rows``), byte for byte."""
 
