@@ -1,5 +1,6 @@
-"""A measurement as record fields (:func:`measurement_fields`), and the policy every rank of a
-multi-rank case measures under (:func:`lockstep`)."""
+"""A measurement as record fields (:func:`measurement_fields`), the side stream's SMs a case was
+granted (:func:`sm_limit_fields`), and the policy every rank of a multi-rank case measures under
+(:func:`lockstep`)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,11 @@ def measurement_fields(meas) -> dict[str, Any]:
     out["stopped_by"] = meas.stopped_by
     out["unstable"] = bool(getattr(meas, "unstable", False))
     return out
+
+
+def sm_limit_fields(case, backend) -> dict[str, Any]:
+    """``sm_limit_granted`` (SMs the driver gave the side stream's green context) and ``green_via``
+    (how it was made) for a case with ``sm_limit`` > 0; nothing otherwise."""
+    if not getattr(case, "sm_limit", 0):
+        return {}
+    return {"sm_limit_granted": backend.sm_limit_granted, "green_via": backend.green_via}

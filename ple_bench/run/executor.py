@@ -25,7 +25,7 @@ from ..backends import fast_kernels, get_backend, host_alloc, synthetic_rows
 from ..backends.kernels import get_kernel, kernel_names, takes_grid_cap
 from ..measure import ceilings as ceil, host_gather_ceiling
 from ..measure.ceilings import HOST_GATHER_ID_SETS
-from ..measure.fields import lockstep, measurement_fields
+from ..measure.fields import lockstep, measurement_fields, sm_limit_fields
 from ..parallel import Groups, Topology
 from ..spec.case import Case
 from ..traces import TraceUnavailable
@@ -554,14 +554,6 @@ class CaseExecutor:
         rec.update(self._host_gather_share(case, backend, rows, rec.get("lookup_ms"),
                                            "lookup_pct_of_host_gather_ceiling", policy))
         return rec
-
-
-def sm_limit_fields(case: Case, backend) -> dict[str, Any]:
-    """``sm_limit_granted`` (SMs the driver gave the side stream's green context) and
-    ``green_via`` (how it was made) for a case with ``sm_limit`` > 0; nothing otherwise."""
-    if not case.sm_limit:
-        return {}
-    return {"sm_limit_granted": backend.sm_limit_granted, "green_via": backend.green_via}
 
 
 @contextlib.contextmanager

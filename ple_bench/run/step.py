@@ -51,7 +51,7 @@ from ..annotate import annotate
 from ..backends.synthetic import synthetic_rows
 from ..compute import COMPUTE_KINDS, DecoderCompute, decoder_shape as decoder_shape_of
 from ..env import resolve_device
-from ..measure.fields import lockstep
+from ..measure.fields import lockstep, sm_limit_fields
 from ..measure.repeat import Stopwatch, repeat_timed
 from ..record import FIELDS
 from ..spec.case import has_compute
@@ -634,9 +634,7 @@ def run_step_case(
         rec.update(step.compute_record())
     finally:
         step.close()
-    if sm_limit:
-        rec["sm_limit_granted"] = backend.sm_limit_granted
-        rec["green_via"] = backend.green_via
+    rec.update(sm_limit_fields(case, backend))
     rec["compute_slowdown_note"] = None
     computes = has_compute({"compute": getattr(case, "compute", "matmul"), "compute_us": case.compute_us})
     if type(backend).blocks_host and case.graph == "eager" and computes:
