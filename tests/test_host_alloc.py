@@ -291,36 +291,6 @@ def _single():
     return Topology(1, 1, 1), Groups.single()
 
 
-# ------------------------------------------------------------------ the GPU study, on a CPU
-def test_pinning_study_dry_run(tmp_path):
-    import importlib.util
-    import json
-
-    from tests.test_cli import ROOT
-
-    spec = importlib.util.spec_from_file_location("pinning_study", ROOT / "scripts/gpu/pinning_study.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    out = tmp_path / "p.json"
-    rc = study.main(["--dry-run", "--sizes", "256KiB,4TiB", "--modes", "torch,exact", "--reps", "4",
-                     "--out", str(out)])
-    assert rc == 0
-    report = json.loads(out.read_text())
-    rows = {(r["size_bytes"], r["mode"]): r for r in report["rows"]}
-    small = 256 * 1024 // 160 * 160
-    for mode in ("torch", "exact"):
-        r = rows[(small, mode)]
-        assert r["status"] == "ok" and r["fill_gate"] and r["pinned_bytes"] == 0
-        assert r["host_bytes"] == host_alloc.host_table_bytes(small, mode, pinned=False)
-        assert {n for n in r["uva"]} == {"4096", "65536"} and all(x["gate"] for x in r["uva"].values())
-        assert all(x["gate"] and x["rows_per_s"] > 0 for x in r["host_gather"].values())
-        assert r["alloc_s"] >= 0 and r["fill_s"] > 0 and r["free_s"] >= 0
-    huge = [r for (size, _), r in rows.items() if size > small]
-    assert len(huge) == 2 and all(r["status"] == "skipped" for r in huge)
-    assert any("host_alloc=exact: the table needs" in r["reason"] for r in huge)
-    assert any("--torch-max" in r["reason"] for r in huge)
-
-
 def test_memory_check_uses_free_memory_for_one_rank_and_the_host_size_for_several(monkeypatch):
     import ple_bench.run.executor as executor_mod
 

@@ -177,15 +177,11 @@ def test_torch_trace_name_is_a_plain_file_name():
         TorchTrace(0)
 
 
-# ------------------------------------------- scripts/gpu/torch_trace_check.py's analysis
+# ------------------------------------------- the trace analysis of tests/gpu/test_profile_streams_gpu.py
 def _check_script():
-    import importlib.util
+    from tests.gpu import trace_streams
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "torch_trace_check.py"
-    spec = importlib.util.spec_from_file_location("torch_trace_check", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return trace_streams
 
 
 def _gpu_like_trace(lookup_stream: int) -> dict:

@@ -409,7 +409,7 @@ def test_the_verdict_plots_carry_step_time_vs_tokens_with_the_resident_baseline(
     step time vs tokens (the resident steps among its lines) and the exposed time vs compute."""
     from pathlib import Path
 
-    from ple_bench.report.data import load_run
+    from ple_bench.report.data import Run, load_run
     from ple_bench.report.html import key_plots
     from ple_bench.report.plots import make_plots, plot_step_vs_tokens
 
@@ -447,8 +447,33 @@ def test_plot_legends_hold_at_most_eight_entries_and_the_rest_is_one_click_away(
                 assert p.full is not None and p.full.legend_entries == p.series_total, (name, p.key)
             else:
                 assert p.full is None and p.legend_entries == p.series_total, (name, p.key)
-    step = next(p for p in make_plots(archived_runs["paths"]) if p.key == "step_vs_tokens")
-    assert step.series_total == 14 and step.full.legend_entries == 14 and step.legend_entries == 4
+    by_key = {p.key: p for p in make_plots(archived_runs["paths"])}
+    every = by_key["step_vs_tokens_all"]
+    assert every.series_total == 14 and every.full.legend_entries == 14 and every.legend_entries == 4
+    # the plot under the banner holds only the verdict's table and ids: fewer series, all shown
+    assert by_key["step_vs_tokens"].series_total == by_key["step_vs_tokens"].legend_entries == 7
+
+
+def test_the_plot_under_the_banner_is_the_verdicts_table_and_ids():
+    """The banner speaks of one table size and id distribution; the plot right under it must show
+    that table's steps, not the best of every table (which put 32 GiB lines under a 47.7 GiB answer
+    in the paths run b469). The plot of every table is kept beside the other step plots."""
+    from ple_bench.report.data import Run, load_run
+    from ple_bench.report.html import key_plots
+    from ple_bench.report.plots import make_plots, plot_step_vs_tokens
+    from ple_bench.report.sections import decode_steps
+    from ple_bench.report.verdict import candidates, scope
+
+    run = load_run(ARCHIVED / "20261201-221703-paths-b469")
+    where = scope(candidates(run.records))
+    steps, _shape = decode_steps(run)
+    assert len({int(r["table_bytes"]) for r in steps}) > 1  # the run has other tables too
+    scoped, every = plot_step_vs_tokens(run), plot_step_vs_tokens(run, scoped=False)
+    assert scoped.series_total < every.series_total
+    only = Run(run.path, run.meta, [r for r in run.records if int(r.get("table_bytes") or 0)
+                                   == where.table_bytes and r.get("ids") == where.ids])
+    assert plot_step_vs_tokens(only).series_total == scoped.series_total
+    assert key_plots(make_plots(run))[0].key == "step_vs_tokens"
 
 
 def test_log_axes_are_ticked_at_the_measured_values():

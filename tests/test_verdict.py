@@ -123,3 +123,19 @@ def test_decoder_steps_are_judged_per_context_and_layer_count():
     assert text.split(":")[0].endswith(compute_label(where.compute_us[0]))  # the longest compute first
     assert compute_of(recs[-1])[0] == "decoder" and "8192-token" in text.split(":")[0]
     assert "2048-token KV cache: 256: +" in text
+
+
+def test_the_banners_table_prints_each_pick_beside_its_hbm_row_and_says_what_the_text_says():
+    from ple_bench.report.verdict import verdict
+
+    recs = _run([_resident(64, 0.20, 0.24), _resident(256, 0.26, 0.30),
+                 _rec("pinned_cpu_gather", 64, 0.235), _rec("pinned_cpu_gather", 256, 0.33)])
+    v = verdict(recs)
+    rows = v.rows()
+    assert [r["tokens"] for r in rows] == ["64", "256"]
+    for r in rows:  # the cost printed is the ratio of the two times printed beside it
+        assert float(r["cost"].rstrip(" %")) == pytest.approx(100 * (float(r["step_ms"]) / float(r["hbm_ms"]) - 1),
+                                                            abs=0.06)
+    assert rows[0]["step_ms"] == "0.2350" and rows[0]["hbm_ms"] == "0.2280" and rows[0]["as_fast"] == "yes"
+    assert rows[1]["as_fast"] == "no"  # 0.33 vs 0.285: +15.8 %
+    assert v.text == banner(recs) and v.head in v.text and v.tail in v.text

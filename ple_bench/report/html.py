@@ -27,9 +27,10 @@ from .data import (
     ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
     topology_label,
 )
+from .export import write_exports
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
 from .sections import decode_steps, hit_rate, path_groups, path_of, step_config_axes
-from .export import write_exports
+from .verdict import verdict as verdict_parts
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATUS_ORDER = ("ok", "skipped", "failed", "invalid")
@@ -537,7 +538,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
         findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), run_line=run_line(run),
         ceiling_columns=ceiling_cols, ceiling_rows=ceiling_rows, ceiling_notes=ceiling_notes,
         case_ceilings=per_case_ceilings(run),
-        verdict=verdict, key_plots=top, key_findings=key_findings(all_findings), n_findings=len(all_findings),
+        verdict=verdict, answer=verdict_parts(run.records), key_plots=top, key_findings=key_findings(all_findings), n_findings=len(all_findings),
         plots=[p for p in plots if p.section == "general"],
         path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
         step_plots=[p for p in plots if p.section == "overlap"], step_columns=step_cols, step_rows=step_rows,

@@ -25,6 +25,7 @@ from .data import (
     topology_label,
 )
 from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
+from .verdict import candidates, scope
 
 DPI = 96  # the advise page's inline plots
 # The report's plots: drawn for the page's full width (WIDTH_IN inches at 96 px/inch, about 1230 px)
@@ -555,12 +556,24 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     return out
 
 
-def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN) -> Plot | None:
+def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = True) -> Plot | None:
     """Decode-step time per path configuration vs tokens per step at the decode shape, one panel
     per compute time (the two largest measured), the HBM-resident steps drawn thick and black:
-    where a pinned line meets the resident one, the table can leave HBM at that token count."""
+    where a pinned line meets the resident one, the table can leave HBM at that token count.
+
+    ``scoped``: only the table size and id distribution the verdict speaks of
+    (:func:`ple_bench.report.verdict.scope`), so the plot under the banner shows its rows; the
+    unscoped plot (every table and id distribution) is made only where it differs."""
     recs, shape = decode_steps(run)
     recs = [r for r in recs if num(r.get("step_ms")) is not None and num(r.get("compute_us"))]
+    where = scope(candidates(run.records))
+    in_scope = [r for r in recs if where is not None and int(num(r.get("table_bytes")) or 0) == where.table_bytes
+                and str(r.get("ids") or "uniform") == where.ids]
+    if scoped and in_scope:
+        recs = in_scope
+        shape = ", ".join(x for x in (f"{fmt_bytes(where.table_bytes)} table", f"{where.ids} ids", shape) if x)
+    elif not scoped and (not in_scope or len(in_scope) == len(recs)):
+        return None
     computes = sorted({num(r.get("compute_us")) for r in recs})[-2:]
     recs = [r for r in recs if num(r.get("compute_us")) in computes]
     if len({num(r.get("num_tokens")) for r in recs}) < 2:
@@ -592,7 +605,8 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN) -> Plot | None:
         fig = Figure(figsize=(WIDTH_IN, _legend_height(entries, height) if only is None else height),
                      layout="constrained")
         axes = list(fig.subplots(1, len(computes), squeeze=False)[0])
-        _suptitle(fig, "Decode step vs tokens" + (f" ({shape})" if shape else ""), run, x=0.02, ha="left")
+        _suptitle(fig, ("Decode step vs tokens" if scoped else "Decode step vs tokens, every table")
+                  + (f" ({shape})" if shape else ""), run, x=0.02, ha="left")
         for ax, cu in zip(axes, computes):
             for si, (label, srs) in enumerate(sorted(series[cu].items())):
                 if only is not None and label not in only:
@@ -616,8 +630,10 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN) -> Plot | None:
                "the thick black lines are the HBM-resident table (solid: ids on the device, dotted: on the host). "
                "A step timed on the host clock (host ids, host paths) is compared with the resident step timed the "
                "same way.")
+    key, title = ("step_vs_tokens", "Decode step vs tokens") if scoped else (
+        "step_vs_tokens_all", "Decode step vs tokens, every table and id distribution")
     return _with_full(draw, scores, lambda uri, n, total: Plot(
-        "step_vs_tokens", "Decode step vs tokens", caption, uri, section="overlap", legend_entries=n,
+        key, title, caption, uri, section="overlap", legend_entries=n,
         series_total=total), keep=[label for _s, label in sorted(resident.values())])
 
 
@@ -682,6 +698,7 @@ def make_plots(run: Run) -> list[Plot]:
         lambda: plot_paths(run),
         lambda: plot_step_overlap(run),
         lambda: plot_step_vs_tokens(run),
+        lambda: plot_step_vs_tokens(run, scoped=False),
     ]
     out = []
     for make in makers:

@@ -186,16 +186,41 @@ def holds_from(cands: Sequence[Mapping[str, Any]], where: Scope) -> float | None
     return held
 
 
-def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
-    """The report's one-sentence answer (None when the run has no pinned step with a baseline)."""
-    records = list(records)
+@dataclass(frozen=True)
+class Verdict:
+    """The answer in parts, for the report's banner (a sentence and a compact table) and its text."""
+
+    head: str  # the one-sentence answer
+    picks: tuple[Pick, ...]  # per token count at the longest compute, fewest tokens first
+    others: tuple[str, ...]  # "<compute>: <tokens>: <cost>, ..." at the other compute lengths
+    tail: str  # the compute it holds from
+
+    @property
+    def as_fast(self) -> bool:
+        """Pinned host memory is as fast as HBM at every token count of the answer."""
+        return all(p.as_fast for p in self.picks)
+
+    @property
+    def text(self) -> str:
+        body = " Best pinned step per token count: " + "; ".join(pick_text(p) for p in self.picks) + "."
+        if self.others:
+            body += " At other compute lengths: " + "; ".join(self.others) + "."
+        return self.head + body + " " + self.tail
+
+    def rows(self) -> list[dict[str, str]]:
+        """One row per token count: the pinned step against its HBM row, printed side by side."""
+        return [{"tokens": str(p.tokens), "path": path_words(p.record), "step_ms": f"{p.step_ms:.4f}",
+                 "hbm_ms": f"{p.baseline_ms:.4f}", "hbm_how": f"{p.baseline_graph} graph, {p.timer}",
+                 "cost": f"{p.overhead_pct:+.1f} %", "as_fast": "yes" if p.as_fast else "no"}
+                for p in self.picks]
+
+
+def verdict(records: Iterable[Mapping[str, Any]]) -> Verdict | None:
+    """The answer (None when the run has no stable pinned step with a baseline; see
+    :func:`no_verdict_reason`)."""
     cands = candidates(records)
     where = scope(cands)
     if where is None:
-        left = unstable_candidates(records)
-        if left:
-            return (f"No verdict: the {len(left)} pinned steps with a resident baseline were all too noisy "
-                    f"(IQR-based CV above {STABLE_CV:.0%} or unstable, theirs or their baseline's).")
         return None
     c0 = where.compute_us[0]
     chosen = picks(cands, where, c0)
@@ -206,19 +231,31 @@ def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
             + ("pinned host memory is as fast as HBM" if yes else "HBM is faster")
             + f" (within {EQUAL_PCT:.0f} %: {'yes' if yes else 'no'}, worst {worst.overhead_pct:+.1f} % at "
             f"{worst.tokens} tokens); pinning frees {fmt_bytes(where.table_bytes)} of HBM.")
-    body = " Best pinned step per token count: " + "; ".join(pick_text(p) for p in chosen.values()) + "."
-    if len(where.compute_us) > 1:
-        others = []
-        for c in where.compute_us[1:]:
-            at = picks(cands, where, c)
-            if at:
-                others.append(f"{compute_label(c)}: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
-        if others:
-            body += " At other compute lengths: " + "; ".join(others) + "."
-    tail = (f" Holds from {compute_label(held)}." if held is not None else
-            f" Not within {EQUAL_PCT:.0f} % at any compute length measured.")
-    return head + body + tail
+    others = []
+    for c in where.compute_us[1:]:
+        at = picks(cands, where, c)
+        if at:
+            others.append(f"{compute_label(c)}: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
+    tail = (f"Holds from {compute_label(held)}." if held is not None else
+            f"Not within {EQUAL_PCT:.0f} % at any compute length measured.")
+    return Verdict(head, tuple(chosen.values()), tuple(others), tail)
+
+
+def no_verdict_reason(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why there is no verdict when pinned steps with a baseline exist but were all too noisy."""
+    left = unstable_candidates(list(records))
+    if left:
+        return (f"No verdict: the {len(left)} pinned steps with a resident baseline were all too noisy "
+                f"(IQR-based CV above {STABLE_CV:.0%} or unstable, theirs or their baseline's).")
+    return None
+
+
+def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The report's answer as one text (None when the run has no pinned step with a baseline)."""
+    records = list(records)
+    v = verdict(records)
+    return v.text if v is not None else no_verdict_reason(records)
 
 
 __all__ = ["STABLE_CV", "EQUAL_PCT", "spread", "stable", "Pick", "Scope", "candidates", "unstable_candidates", "scope", "picks",
-           "path_words", "pick_text", "holds_from", "banner", "compute_of", "compute_label"]
+           "path_words", "pick_text", "holds_from", "banner", "Verdict", "verdict", "no_verdict_reason", "compute_of", "compute_label"]
