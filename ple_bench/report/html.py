@@ -27,7 +27,6 @@ from .data import (
     ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
     topology_label,
 )
-from .export import write_exports
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
 from .sections import decode_steps, hit_rate, path_groups, path_of, step_config_axes
 from .verdict import verdict as verdict_parts
@@ -630,6 +629,7 @@ def run_report(args: argparse.Namespace) -> int:
         return 2
 
     try:  # the run's summaries beside its records, as a run writes them
+        from .export import write_exports  # here, not at the top: `python -m ple_bench.report.export` runs it as __main__
         write_exports(args.run_dir)
     except OSError as exc:
         print(f"ple_bench report: warning: summaries not written: {exc}", file=sys.stderr)
