@@ -629,7 +629,7 @@ def run_report(args: argparse.Namespace) -> int:
         return 2
 
     try:  # the run's summaries beside its records, as a run writes them
-        from .export import write_exports  # here, not at the top: `python -m ple_bench.report.export` runs it as __main__
+        from .export import write_exports  # not at the top: `-m ple_bench.report.export` runs it as __main__
         write_exports(args.run_dir)
     except OSError as exc:
         print(f"ple_bench report: warning: summaries not written: {exc}", file=sys.stderr)
