@@ -23,7 +23,7 @@ and stands in for vLLM's forward context.
 
 The contract
 ------------
-Everything the engine (``executor``, ``step``, ``runner``) reads or calls on a
+Everything the engine (``run/``: the executor, the step, the loop) reads or calls on a
 backend is declared here, with a default, so a plug-in author knows what to
 implement and a renamed attribute fails loudly instead of silently changing a
 result.  :func:`ple_bench.testing.check_backend` checks a backend against it.

@@ -13,7 +13,7 @@ from ..env import external_world_size, gpu_count
 from ..measure.profiler import torch_trace_name
 from ..results import RunWriter
 from ..spec.case import Case
-from .outcome import case_record
+from .outcome import SkipCase, case_record
 from .pool import WorkerError, WorkerPool, policy_dict
 from .provenance import add_measured
 from .torchrun import TorchrunRanks
@@ -77,7 +77,7 @@ class CaseDispatcher:
             return self.torchrun.run_case(case, policy)
         gpus = gpu_count()
         if gpus and world > gpus:
-            return self._record(case, "skipped", f"needs {world} GPUs, this machine has {gpus}")
+            return self._record(case, SkipCase.status, f"needs {world} GPUs, this machine has {gpus}")
         try:
             pool = self._ensure_pool(world)
         except (WorkerError, TimeoutError, OSError) as exc:

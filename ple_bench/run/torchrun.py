@@ -24,7 +24,7 @@ from ..measure.profiler import torch_trace_case, torch_trace_name
 from ..parallel import DEFAULT_TIMEOUT_S
 from ..results import RunWriter
 from ..spec.case import Case
-from .outcome import CaseOutcome, case_record
+from .outcome import CaseOutcome, SkipCase, case_record
 from .provenance import add_measured
 from .rank import allreduce_busbw, start_rank
 
@@ -114,7 +114,7 @@ class TorchrunRanks:
         """Under torchrun: this process is one rank; every rank runs the same cases
         in lockstep and agrees on each case's outcome before the next one."""
         if case.world_size != self.torchrun_world:
-            return self._record(case, "skipped",
+            return self._record(case, SkipCase.status,
                                 f"needs {case.world_size} ranks, torchrun started {self.torchrun_world}")
         if self.inproc is None:
             self.start()
