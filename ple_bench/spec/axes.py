@@ -13,6 +13,7 @@ from .. import workload
 from ..backends.kernels import kernel_names
 from ..backends.registry import backend_names, get_backend
 from ..compute import DECODER_SHAPES
+from ..measure.timer import TimingPolicy
 from ..units import DTYPE_BYTES, BadValue, parse_size
 from .case import COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case
 
@@ -147,7 +148,7 @@ assert set(AXES) | {"extra"} == {f.name for f in dataclasses.fields(Case)}, "AXE
 
 # Table-defining axes vary slowest, so cases that share a table are adjacent.
 PRODUCT_ORDER = ["impl", "tp", "etp", "dp", "seed", "dtype", "dim", "vocab_size", "table_bytes",
-                  "num_heads", "kernel", "cache_rows", "host_alloc", "kind"]
+                 "num_heads", "kernel", "cache_rows", "host_alloc", "kind"]
 PRODUCT_ORDER += [a for a in AXES if a not in PRODUCT_ORDER]
 
 TIMING: dict[str, tuple[Callable[[Any], Any], str]] = {
@@ -164,7 +165,7 @@ TIMING: dict[str, tuple[Callable[[Any], Any], str]] = {
     "id_sets": (_int(1), "an integer >= 1"),
     "remeasure_unstable": (lambda v: boolean(v), "true or false"),
 }
-# The same keys as ple_bench.measure.TimingPolicy (tests/test_suite.py keeps them in step).
+assert set(TIMING) == {f.name for f in dataclasses.fields(TimingPolicy)}, "TIMING out of date with TimingPolicy"
 
 
 def boolean(v: Any) -> bool:
