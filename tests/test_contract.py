@@ -347,7 +347,7 @@ class Engine:
 def test_no_private_backend_attribute_is_used_outside_backends():
     private = _backend_private_names()
     files = _engine_files()
-    assert REPO / "ple_bench" / "executor.py" in files and REPO / "ple_bench" / "step.py" in files
+    assert REPO / "ple_bench" / "run" / "executor.py" in files and REPO / "ple_bench" / "run" / "step.py" in files
     bad = {}
     for p in files:
         rel = str(p.relative_to(REPO))
