@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from torch.profiler import record_function
+
 try:  # pragma: no cover - depends on the environment
     import nvtx as _nvtx
 except ImportError:  # pragma: no cover
@@ -87,8 +89,6 @@ def annotate(name: str, color: str = "blue"):
 
 @contextlib.contextmanager
 def _torch_and_nvtx(name: str, color: str) -> Iterator[None]:
-    from torch.profiler import record_function
-
     with record_function(name), _nvtx_range(name, color):
         yield
 

@@ -6,13 +6,34 @@ Exit codes: 0 success; 1 a case failed or was invalid (run) / a regression
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
+import time
 from pathlib import Path
+
+import torch
+
+from . import annotate, env
+from .advise.answer import add_advise_args, run_advise
+from .backends.uva import uva_available
+from .env import FORCE_CPU_ENV, force_cpu, gpu_available, gpu_count
+from .report.export import write_exports
+from .measure import TimingPolicy
+from .measure.profiler import torch_trace_name
+from .record import markdown
+from .report import add_report_args, build_report, run_report
+from .report.compare import add_compare_args, run_compare
+from .results import RunFileError, ensure_writable_dir, expected_case_ids, load_meta
+from .run.loop import RunOptions, run_suite, select_cases, summary_lines
+from .spec.listing import case_json, format_cases, format_cases_narrow
+from .spec.suite import SuiteError, list_suites, load_suite
 
 EXIT_BAD_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -23,8 +44,6 @@ class UsageError(Exception):
 
 
 def _has_gpu() -> bool:
-    from .env import gpu_available
-
     return gpu_available()
 
 
@@ -55,9 +74,6 @@ def _resume_suite(args: argparse.Namespace):
     """The suite and cases of ``--resume RUN_DIR``: the run's own suite, and of it the cases the
     run was to record (``meta.json``'s list; an older run: every case of the suite).  A ``--suite``
     naming another suite is refused."""
-    from .results import expected_case_ids, load_meta
-    from .suite import load_suite
-
     meta = load_meta(args.resume)
     suite = load_suite(meta.get("suite_path") or meta["suite"])
     if args.suite is not None:
@@ -96,11 +112,6 @@ def _resume_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .measure import TimingPolicy
-    from .results import ensure_writable_dir
-    from .suite_loop import RunOptions, run_suite, select_cases, summary_lines
-    from .suite import SuiteError, load_suite
-
     if args.samples is not None and args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -148,11 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not gpu:
         policy = policy.scaled_for_cpu()
     if args.samples is not None:
-        import dataclasses
-
         policy = dataclasses.replace(policy, min_samples=args.samples, max_samples=args.samples,
                                      max_noise=0.0, min_time_s=0.0, max_time_s=1e9)
-    from . import env
 
     if args.torch_trace and env.launcher() == "torchrun":
         print("error: --torch-trace runs cases in ple_bench's own workers; not under torchrun", file=sys.stderr)
@@ -180,10 +188,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if note and not quiet:
         print(note, file=sys.stderr)
     options = RunOptions(
-        results_dir=results_dir, reports_dir=reports_dir, resume=resume,
+        results_dir=results_dir, resume=resume,
         case_filter=args.case, case_timeout_s=args.case_timeout,
         progress=not args.no_progress,
-        report=not args.no_report and not quiet, nvtx=not args.no_nvtx, profile_window=args.profile_window,
+        nvtx=not args.no_nvtx, profile_window=args.profile_window,
         torch_trace=args.torch_trace,
         functional_note=note, argv=sys.argv, quiet=quiet, resume_args=_resume_args(args),
     )
@@ -194,23 +202,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     if quiet:
         return 0  # rank 0's exit code is the run's; a failing code here would make torchrun stop rank 0
+    report = None if args.no_report else write_run_outputs(summary.run_dir, reports_dir)
     print()
     for line in summary_lines(summary, mode):
         print(line)
     print(f"records: {summary.run_dir / 'records.jsonl'}")
-    if summary.report:
-        print(f"report:  {summary.report}")
+    if report:
+        print(f"report:  {report}")
     if summary.aborted:
         print(f"run ended early: {summary.aborted}", file=sys.stderr)
     return summary.exit_code
 
 
+def write_run_outputs(run_dir: Path, reports_dir: Path) -> Path | None:
+    """After a run: its report (the page's path, None where it failed) and its exports (summary.md,
+    summary.csv, pytest-benchmark.json).  A failure of either is a warning: it must not lose the run."""
+    report = None
+    try:
+        report = build_report(run_dir, reports_dir)
+    except Exception as exc:  # noqa: BLE001
+        print(f"warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        write_exports(run_dir)
+    except Exception as exc:  # noqa: BLE001
+        print(f"warning: summaries / pytest-benchmark JSON not written: {exc}", file=sys.stderr)
+    return report
+
+
 # ------------------------------------------------------------------ list
 def cmd_list(args: argparse.Namespace) -> int:
-    import textwrap
-
-    from .suite import SuiteError, case_json, format_cases, format_cases_narrow, list_suites, load_suite
-
     try:
         suites = [load_suite(args.suite)] if args.suite else list_suites()
     except SuiteError as exc:
@@ -237,24 +257,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ env
 def cmd_env(args: argparse.Namespace) -> int:
-    import torch
-
-    from . import annotate
-
-    from .env import FORCE_CPU_ENV, force_cpu, gpu_available
-
     lines: list[tuple[str, str]] = []
     gpu = gpu_available()
     lines.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"))
     try:
-        import triton
+        import triton  # reported, not required: `env` says when it is missing
 
         lines.append(("triton", triton.__version__ + ("" if gpu else " (CPU: kernels run under the interpreter)")))
     except Exception as exc:  # noqa: BLE001
         lines.append(("triton", f"missing: {exc}"))
     if gpu:
-        from .env import gpu_count
-
         n = gpu_count()
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(n))
         lines.append(("GPU", f"{n}: {names}"))
@@ -262,7 +274,6 @@ def cmd_env(args: argparse.Namespace) -> int:
         lines.append(("GPU", f"forced off ({FORCE_CPU_ENV} is set): runs are functional (CPU, host timer)"))
     else:
         lines.append(("GPU", "none: runs are functional (CPU, host timer); GPU-only cases are skipped"))
-    from .backends.uva import uva_available
 
     ok, why = uva_available()
     lines.append(("UVA (pinned_uva backend)", "yes" if ok else f"no: {why}; pinned_uva runs in functional mode"))
@@ -273,7 +284,7 @@ def cmd_env(args: argparse.Namespace) -> int:
         path = shutil.which(tool)
         lines.append((tool, path or "not on PATH"))
     try:
-        import pynvml
+        import pynvml  # optional: NVML clocks
 
         pynvml.nvmlInit()
         lines.append(("NVML clocks", f"driver {pynvml.nvmlSystemGetDriverVersion()}"))
@@ -326,9 +337,6 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .suite import SuiteError, load_suite
-    from .suite_loop import select_cases
-
     if args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -356,8 +364,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return EXIT_BAD_USAGE
     print("command: " + shlex.join(cmd))
     if args.tool == "torch":
-        from .dispatch import torch_trace_name
-
         print(f"trace:   {out}/<run_id>/{torch_trace_name(case.case_id)} (torch.profiler, CPU"
               + (" + CUDA" if _has_gpu() else "") + f" activity, the first {args.samples} samples of every "
               "measurement phase)")
@@ -369,7 +375,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if shutil.which(cmd[0]) is None:
         print(f"error: {cmd[0]} is not on PATH (try --dry-run to see the command)", file=sys.stderr)
         return EXIT_BAD_USAGE
-    from .results import ensure_writable_dir
 
     ensure_writable_dir(out, "--out")
     rc = _call(cmd)
@@ -381,8 +386,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _call(cmd: list[str]) -> int:
     """Run the profiler's command; on Ctrl-C (which the child, in the same process group, gets
     too) let it end cleanly -- its run keeps its records -- before the interrupt goes on."""
-    import subprocess
-
     proc = subprocess.Popen(cmd)
     try:
         return proc.wait()
@@ -396,10 +399,6 @@ def _call(cmd: list[str]) -> int:
 
 def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
     """Run ``run --torch-trace`` and point at the trace it wrote in its new run folder."""
-    import time
-
-    from .dispatch import torch_trace_name
-
     started = time.time()
     rc = _call(cmd)
     name = torch_trace_name(case_id)
@@ -431,12 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --suite: one column per axis that varies (default: case_id and table size by group)")
     p.set_defaults(func=cmd_list)
     p = sub.add_parser("report", help="(re)build the HTML report of a run")
-    from .report import add_report_args, run_report
 
     add_report_args(p)
     p.set_defaults(func=run_report)
     p = sub.add_parser("compare", help="compare runs (BASE CAND, or BASE... --vs CAND...); exit 1 on a significant regression")
-    from .report.compare import add_compare_args, run_compare
 
     add_compare_args(p)
     p.set_defaults(func=run_compare)
@@ -458,7 +455,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.set_defaults(func=cmd_profile)
     p = sub.add_parser("advise", help="where should the table live, and how looked up: ranked from measured runs")
-    from .report.advise import add_advise_args, run_advise
 
     add_advise_args(p)
     p.set_defaults(func=run_advise)
@@ -470,8 +466,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_schema(args) -> int:
-    from .record import markdown
-
     sys.stdout.write(markdown())
     return 0
 
@@ -482,7 +476,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad usage already
         return int(exc.code or 0)
-    from .results import RunFileError
 
     try:
         return int(args.func(args) or 0)

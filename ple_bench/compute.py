@@ -3,7 +3,7 @@ decoder layers of the ``decoder`` kind.
 
 * ``matmul`` -- a chain of square ``[tokens, hidden] x [hidden, hidden]`` bf16
   matmuls over a weight ring larger than the L2, calibrated to take about
-  ``compute_us`` (:class:`ple_bench.step.DecodeStep` builds it): compute-bound
+  ``compute_us`` (:class:`ple_bench.run.step.DecodeStep` builds it): compute-bound
   at decode batch sizes, a synthetic stand-in for "some layers".
 * ``decoder`` -- :class:`DecoderCompute`: ``decoder_layers`` real decoder
   layers at a named open model's shape (:data:`DECODER_SHAPES`), one token per
@@ -27,7 +27,7 @@ One layer (pre-norm, as Qwen3)::
 
 Every sequence is at the same position ``pos = context_len - 1`` and writes its
 new K/V into that one slot: the compute is a pure function of its input (the
-step's reference output, :func:`ple_bench.step.check_step`, runs it again and
+step's reference output, :func:`ple_bench.run.step.check_step`, runs it again and
 gets the same result), and it reads ``context_len`` positions of K and V per
 sequence and layer.
 
@@ -36,7 +36,7 @@ never zero (an exact zero is replaced), in the activation dtype (bf16 on a GPU,
 float32 in CPU functional mode); the KV caches are random normal.
 :attr:`DecoderCompute.bytes_read` is what one call reads from memory: every
 weight once and the whole of every KV cache (the step adds its consumer's
-projection, :meth:`ple_bench.step.DecodeStep.compute_record`).
+projection, :meth:`ple_bench.run.step.DecodeStep.compute_record`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .case import COMPUTE_KINDS  # noqa: F401  (the kinds are an axis: defined with the case)
+from .spec.case import COMPUTE_KINDS  # noqa: F401  (the kinds are an axis: defined with the case)
 
 
 @dataclass(frozen=True)

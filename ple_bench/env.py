@@ -26,7 +26,7 @@ def gpu_available() -> bool:
     if force_cpu():
         return False
     try:
-        import torch
+        import torch  # env answers before torch is imported (conftest, workers set the environment first)
 
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001 - a broken CUDA install means "no GPU"
@@ -37,7 +37,7 @@ def gpu_count() -> int:
     """Usable GPUs (0 when forced off or none)."""
     if not gpu_available():
         return 0
-    import torch
+    import torch  # env answers before torch is imported (conftest, workers set the environment first)
 
     return torch.cuda.device_count()
 
@@ -64,7 +64,7 @@ def rank() -> int:
 def resolve_device(device):
     """``device`` as a ``torch.device`` (an int is a CUDA index), where a CUDA device without
     an index means the current one (left as it is when CUDA is not usable)."""
-    import torch
+    import torch  # env answers before torch is imported (conftest, workers set the environment first)
 
     device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
@@ -75,7 +75,7 @@ def resolve_device(device):
 def device_for(rank_index: int, local_rank: int | None = None):
     """The device a rank takes: its GPU (``local_rank``, else ``rank % gpus``) where one is
     usable, else the CPU."""
-    import torch
+    import torch  # env answers before torch is imported (conftest, workers set the environment first)
 
     n = gpu_count()
     if not n:

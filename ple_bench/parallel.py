@@ -21,6 +21,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from .env import gpu_available
+
 
 class TopologyError(ValueError):
     """A (TP, ETP, DP) combination that cannot exist."""
@@ -129,8 +134,6 @@ class Groups:
         """Create the ETP and id-gather groups on an initialised default group.
 
         Every rank must call this (``new_group`` is collective over the world)."""
-        import torch.distributed as dist
-
         if topology.world_size == 1:
             return cls(topology=topology, rank=0)
         if not dist.is_initialized():
@@ -169,14 +172,9 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("PLE_BENCH_COLLECTIVE_TIMEOUT_S", "120"
 def init_distributed(backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Initialise the default group from torchrun-style environment variables,
     with a timeout so that a dead peer fails the job instead of hanging it."""
-    import torch
-    import torch.distributed as dist
-
     if dist.is_initialized():
         return
     if backend is None:
-        from .env import gpu_available
-
         backend = "nccl" if gpu_available() else "gloo"
     kwargs: dict[str, Any] = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
     if backend == "nccl":

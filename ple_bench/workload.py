@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .traces import CORPORA, ENGRAM_ORDERS, head_ranges, text_id_sets, text_warmup_ids
+
 NGRAM_TOKEN_VOCAB = 128 * 1024  # synthetic tokenizer vocabulary of the n-gram stream
 NGRAM_TOKEN_ZIPF_A = 1.0  # token frequencies of natural text are roughly Zipf(1)
 DEFAULT_NGRAM_ORDERS = (2, 3)  # Engram uses 2-grams and 3-grams
@@ -115,8 +117,6 @@ def parse_ids_spec(spec: str) -> IdsSpec:
             )
         return IdsSpec("ngram", orders=orders)
     if name == "text":
-        from .traces import CORPORA
-
         corpus, plus, option = arg.strip().lower().partition("+")
         if not sep or corpus not in CORPORA or (plus and option != "lower"):
             raise ValueError(f"bad ids spec {spec!r}: text needs a corpus ({', '.join(CORPORA)}) and "
@@ -125,28 +125,11 @@ def parse_ids_spec(spec: str) -> IdsSpec:
     raise ValueError(f"unknown ids spec {spec!r}; allowed: {IDS_HELP}")
 
 
-def head_ranges(vocab_size: int, num_heads: int) -> list[tuple[int, int]]:
-    """``[start, end)`` of each head's rows: equal contiguous ranges, the last
-    head also taking the remainder."""
-    if num_heads < 1:
-        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
-    if vocab_size < num_heads:
-        raise ValueError(
-            f"vocab_size {vocab_size} is smaller than num_heads {num_heads}: every head needs rows"
-        )
-    per_head = vocab_size // num_heads
-    starts = [h * per_head for h in range(num_heads)]
-    ends = starts[1:] + [vocab_size]
-    return list(zip(starts, ends))
-
-
 def check_ngram_heads(spec: IdsSpec | str, num_heads: int) -> None:
     """n-gram heads are assigned round-robin to the orders: they must divide evenly."""
     if isinstance(spec, str):
         spec = parse_ids_spec(spec)
     if spec.kind == "text":
-        from .traces import ENGRAM_ORDERS
-
         spec = IdsSpec("ngram", orders=ENGRAM_ORDERS)
     if spec.kind == "ngram" and num_heads % len(spec.orders):
         raise ValueError(
@@ -225,8 +208,6 @@ def make_id_sets(
     if parsed.kind != "text":
         return [make_ids(spec, num_tokens, num_heads, vocab_size, seed + ID_SET_SEED_STRIDE * k, device,
                          layout_seed) for k in range(n_sets)]
-    from .traces import text_id_sets
-
     check_ngram_heads(parsed, num_heads)
     sets = text_id_sets(parsed.corpus, parsed.lower, num_tokens, num_heads, vocab_size, n_sets, seed, layout_seed)
     return [torch.from_numpy(np.ascontiguousarray(s)).to(device) for s in sets]
@@ -248,8 +229,6 @@ def warmup_ids(
     total = max(WARMUP_MIN_TOKENS, WARMUP_BATCHES * num_tokens)
     if parsed.kind != "text":
         return make_ids(spec, total, num_heads, vocab_size, seed + WARMUP_SEED_OFFSET, device, layout_seed)
-    from .traces import text_warmup_ids
-
     check_ngram_heads(parsed, num_heads)
     ids = text_warmup_ids(parsed.corpus, parsed.lower, num_tokens, num_heads, vocab_size, total, seed, layout_seed)
     return torch.from_numpy(np.ascontiguousarray(ids)).to(device)

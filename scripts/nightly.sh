@@ -97,7 +97,7 @@ for i in $(seq 1 "$RUNS"); do
 done
 last="${new[${#new[@]}-1]}"
 
-"$PY" -m ple_bench.export "$last" || echo "nightly: pytest-benchmark export failed (not fatal)" >&2
+"$PY" -m ple_bench.report.export "$last" || echo "nightly: pytest-benchmark export failed (not fatal)" >&2
 "$PY" -m ple_bench.report report "$last" --reports-dir "$REPORTS" --history-last "$HISTORY" \
   || echo "nightly: report failed (not fatal)" >&2
 

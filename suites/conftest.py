@@ -1,6 +1,6 @@
 """pytest entry to the suites: ``pytest suites/ [--ple-suite NAME]`` runs every case
 of one suite as a pytest-benchmark benchmark, on ple_bench's own engine
-(:class:`ple_bench.executor.CaseExecutor`) in this process.
+(:class:`ple_bench.run.executor.CaseExecutor`) in this process.
 
 This conftest owns the command-line options, the session objects (suite, timing
 policy, executor) and the parametrization (one test per case, id = case_id);
@@ -61,7 +61,7 @@ class SuiteSession:
 
     def __init__(self, config) -> None:
         from ple_bench.measure import TimingPolicy
-        from ple_bench.suite import SuiteError, load_suite
+        from ple_bench.spec.suite import SuiteError, load_suite
 
         self.gpu = has_gpu()
         requested = config.getoption("--ple-suite") or (GPU_DEFAULT_SUITE if self.gpu else CPU_DEFAULT_SUITE)
@@ -90,7 +90,7 @@ class SuiteSession:
 
     @property
     def cases(self):
-        from ple_bench.suite_loop import order_cases
+        from ple_bench.run.loop import order_cases
 
         return order_cases(self.suite.cases)  # tables built once, resident step baselines first
 
@@ -98,7 +98,7 @@ class SuiteSession:
         if self._executor is None:
             import torch
 
-            from ple_bench.executor import CaseExecutor
+            from ple_bench.run.executor import CaseExecutor
 
             device = torch.device("cpu")
             if self.gpu:

@@ -28,7 +28,8 @@ import statistics
 import pytest
 import torch
 
-from ple_bench.executor import InvalidCase, SkipCase, _grid_cap
+from ple_bench.run.executor import _grid_cap
+from ple_bench.run.outcome import InvalidCase, SkipCase
 from ple_bench.parallel import Topology
 
 #: a step rotates through at least this many id sets when the policy gives fewer
@@ -78,7 +79,7 @@ def _lookup_target(executor, case, backend, id_sets):
 
 
 def _step_target(executor, case, backend, sets):
-    from ple_bench import step as step_mod
+    from ple_bench.run import step as step_mod
 
     step = step_mod.DecodeStep(backend, hidden=case.hidden, num_tokens=case.num_tokens,
                                compute_us=case.compute_us, prefetch=case.prefetch, graph=case.graph,

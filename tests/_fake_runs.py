@@ -1,7 +1,7 @@
 """Realistic fake run directories for report / compare / export tests.
 
 They are written through the real :class:`ple_bench.results.RunWriter` and
-:class:`ple_bench.case.Case`, so they have exactly the stored schema.  Timings
+:class:`ple_bench.spec.case.Case`, so they have exactly the stored schema.  Timings
 come from a simple bandwidth model (latency + bytes / bandwidth, with an L2
 effect for small device tables and a row-size effect) plus seeded log-normal
 noise, so that plots and findings have real shapes to show.
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ple_bench import record
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.results import RunWriter
 
 CEILINGS = {"h2d_gbps": 55.2, "d2h_gbps": 55.1, "d2d_gbps": 4186.0, "pinned_random_row_gbps": 50.5,

@@ -1,7 +1,7 @@
 """A fault matrix: a suite whose cases run in a planned order, faults planted between good cases,
 for the CPU test (tests/test_fault_matrix.py) and the GPU one (tests/gpu/test_fault_matrix_gpu.py).
 
-The runner orders cases by world size, topology, then ``vocab_size`` (``suite_loop.order_cases``), so
+The runner orders cases by world size, topology, then ``vocab_size`` (``run.loop.order_cases``), so
 each step gets its own group with the next vocab size; a step that needs a table of a given size
 (larger than HBM, larger than host memory) gets it through its row width, ``dim``, at that vocab
 size.  :func:`planned_order` is checked against the runner's own order before anything runs."""
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 
 BASE_VOCAB = 4096
 GOOD_DIM = 16
@@ -60,7 +60,7 @@ def write_suite(path: Path, steps: list[Step]) -> list[int]:
 
 def planned_order(cases: list[Case]) -> list[int]:
     """The vocab sizes of ``cases`` in the order the runner runs them."""
-    from ple_bench.suite_loop import order_cases
+    from ple_bench.run.loop import order_cases
 
     return [c.vocab_size for c in order_cases(cases)]
 

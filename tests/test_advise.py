@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.report.advise import AdviseError, advise
+from ple_bench.advise.answer import AdviseError, advise
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -59,7 +59,7 @@ def test_ranked_options_recommendation_and_verdict():
 
 
 def test_the_text_prints_the_hbm_row_beside_every_ratio():
-    from ple_bench.report.advise import format_text
+    from ple_bench.advise.answer import format_text
 
     text = format_text(advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[256], compute_us=200,
                               records=_records()))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.report.compute_kind import ComputeAsk, compute_kind, parse_compute, records_of_compute
-from ple_bench.report.model import build_model, load_runs, predict
+from ple_bench.advise.compute_kind import ComputeAsk, compute_kind, parse_compute, records_of_compute
+from ple_bench.advise.model import build_model, load_runs, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 DECODER_RUN = ROOT / "docs" / "runs" / "20261201-230636-decoder-377c"

@@ -1,4 +1,4 @@
-"""Ceilings that bind (issue 13 item 3) and one timing loop (issue 14 item 4), on the CPU:
+"""Ceilings that bind and one timing loop, on the CPU:
 
 * each lookup is held against the random-row ceiling of its own memory, table, row
   size and id distribution (hand-built records), bytes counted alike in both;
@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from ple_bench import results
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy, ceilings as ceil
 from ple_bench.measure import timer as timer_mod
 from ple_bench.record import CEILING_SLACK_PCT, derive, upgrade
@@ -194,7 +194,7 @@ def test_ceilings_are_timed_through_measure_as_their_cases(monkeypatch):
         calls.append(kw)
         return real(fn, **kw)
 
-    monkeypatch.setattr(timer_mod, "measure", spy)  # what the ceilings call
+    monkeypatch.setattr(ceil, "measure", spy)  # what the ceilings call
     monkeypatch.setattr(measure_pkg, "measure", spy)  # what the executor calls for the cases
     ex = CaseExecutor()
     pol = _policy(cold_l2=True, max_time_s=5.0)
@@ -242,7 +242,7 @@ def test_host_gather_ceiling_is_the_faster_plain_gather(monkeypatch):
             m.samples_ms = [1.0 if label.endswith(fast) else 2.0] * len(m.samples_ms)
             return m
 
-        monkeypatch.setattr(timer_mod, "measure", fake)
+        monkeypatch.setattr(ceil, "measure", fake)
         c = ceil.host_gather_ceiling(table, 256, "cpu", policy=_policy(), warm=False)
         assert c["gather"] == fast and c["ms"] == 1.0
         assert (c["torch_ms"], c["row_loop_ms"]) == ((1.0, 2.0) if fast == "index_select" else (2.0, 1.0))
@@ -322,7 +322,7 @@ def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
         seen.append((kw["label"], profiler.profiler_window_enabled(), profiler.torch_trace() is not None))
         return real(fn, **kw)
 
-    monkeypatch.setattr(timer_mod, "measure", spy)
+    monkeypatch.setattr(ceil, "measure", spy)
     profiler.set_profiler_window(True)
     trace = profiler.set_torch_trace(3)
     try:
@@ -340,7 +340,7 @@ def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
 
 
 def test_the_archived_h200_run_presents_no_lookup_above_its_ceiling_as_fast():
-    """docs/runs/...-fa39 (session 4, default suite): every finding that quotes a share above 105 %
+    """docs/runs/...-fa39 (an H200 run of the default suite): every finding that quotes a share above 105 %
     of a ceiling says in the same sentence that the ceiling does not bind."""
     import re
 

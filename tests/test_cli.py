@@ -95,10 +95,10 @@ def test_run_smoke_end_to_end(tmp_path):
     assert meta["mode"] == "functional" and meta["status"] == "complete"
     assert meta["ceilings"]["host_memcpy_gbps"] > 0
     recs = results.load_records(run_dir)
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     assert {r["case_id"] for r in recs} == {c.case_id for c in load_suite("smoke").cases}
-    # the run's summaries beside its records (ple_bench.export), one row per record
+    # the run's summaries beside its records (ple_bench.report.export), one row per record
     import pandas as pd
 
     assert list(pd.read_csv(run_dir / "summary.csv")["case_id"]) == [r["case_id"] for r in recs]
@@ -106,7 +106,7 @@ def test_run_smoke_end_to_end(tmp_path):
     assert len(md_rows) == len(recs) + 1  # the header and a row per record
     statuses = {r["status"] for r in recs}
     assert statuses <= {"ok", "skipped"}
-    # the run's one compute calibration, which every worker of the run reads (ple_bench.step)
+    # the run's one compute calibration, which every worker of the run reads (ple_bench.run.step)
     calibration = json.loads((run_dir / "calibration.json").read_text())
     assert {tuple(v) for v in calibration.values()} >= {(r["compute_matmuls"], r["matmul_us"]) for r in recs
                                                           if r["status"] == "ok" and r.get("compute_matmuls")}
@@ -352,7 +352,7 @@ def test_ctrl_c_in_advise_exits_130_without_resume_advice(tmp_path):
 
 
 def test_ctrl_c_in_profile_exits_130(tmp_path):
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     case = next(c for c in load_suite("smoke").cases if c.impl == "device")
     res = tmp_path / "res"
@@ -373,7 +373,7 @@ def test_list_json_and_table():
 
 
 def test_list_suite_is_narrow_by_default_and_wide_on_request():
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     suite = load_suite("default")
     narrow = cli("list", "--suite", "default")
@@ -397,7 +397,7 @@ def test_env_reports_no_gpu():
 
 
 def test_profile_dry_run_builds_commands():
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     case = next(c for c in load_suite("smoke").cases if c.impl == "pinned_uva")
     proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run")

@@ -16,7 +16,7 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from ._fake_runs import CEILINGS, gpu_cases, gpu_meta, lookup_record, write_gpu_run, write_run
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.report.compare import compare_case, compare_main, compare_runs
 from ple_bench.results import load_records
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from ple_bench import record
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.compute import DECODER_SHAPES, DecoderCompute
-from ple_bench.step import DecodeStep, StepMismatch, check_step, run_step_case
+from ple_bench.run.step import DecodeStep, StepMismatch, check_step, run_step_case
 from tests.test_step import DIM, HEADS, SEED, TOKENS, VOCAB, _tiny_policy, make_backend, make_ids
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_decoder_step_refuses_a_target_and_another_hidden():
 def test_breakable_decoder_step_breaks_only_at_the_backend_calls():
     """Captured with fake segments on a CPU: the decoder layers add no eager break (they are
     captured whole), the backend calls are the breaks, as for the matmul chain."""
-    from ple_bench.graphs import BreakableGraph
+    from ple_bench.run.graphs import BreakableGraph
     from tests.test_graphs import FakeDevice
 
     dev = FakeDevice()
@@ -260,7 +260,7 @@ def _suite(tmp_path: Path, body: str) -> Path:
 
 
 def test_suite_resets_the_decoder_axes_of_matmul_and_lookup_cases(tmp_path):
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     suite = load_suite(_suite(tmp_path, """
         [[group]]
@@ -284,7 +284,7 @@ def test_suite_resets_the_decoder_axes_of_matmul_and_lookup_cases(tmp_path):
     ('compute = "decoder"\ndecoder_layers = 0\n', r"key 'decoder_layers'"),
 ])
 def test_suite_refuses_bad_decoder_axes(tmp_path, body, match):
-    from ple_bench.suite import SuiteError, load_suite
+    from ple_bench.spec.suite import SuiteError, load_suite
 
     path = _suite(tmp_path, '[[group]]\nkind = "step"\n' + body)
     with pytest.raises(SuiteError, match=match):
@@ -343,7 +343,7 @@ def test_run_records_decoder_steps_in_functional_mode(tmp_path):
 
 
 def test_decoder_suite_is_the_paths_comparison_on_the_decoder():
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     suite = load_suite("decoder")
     assert suite.gpu_only

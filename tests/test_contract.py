@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ple_bench import executor
+from ple_bench.run import executor
 from ple_bench.backends import backend_names, fast_kernels, get_backend, synthetic_rows
 from ple_bench.backends import base as base_mod
 from ple_bench.backends.base import CAPABILITIES, RENAMED, PLEEmbedding
@@ -347,7 +347,7 @@ class Engine:
 def test_no_private_backend_attribute_is_used_outside_backends():
     private = _backend_private_names()
     files = _engine_files()
-    assert REPO / "ple_bench" / "executor.py" in files and REPO / "ple_bench" / "step.py" in files
+    assert REPO / "ple_bench" / "run" / "executor.py" in files and REPO / "ple_bench" / "run" / "step.py" in files
     bad = {}
     for p in files:
         rel = str(p.relative_to(REPO))

@@ -34,6 +34,6 @@ def test_launcher_detection(monkeypatch):
     assert env.launcher() == "in_process" and env.external_world_size() == 2
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "abc")
     assert env.launcher() == "torchrun"
-    from ple_bench.provenance import launch_info
+    from ple_bench.run.provenance import launch_info
 
     assert launch_info([])["launcher"] == "torchrun"

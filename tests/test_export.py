@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from ._fake_runs import write_cpu_run, write_gpu_run
-from ple_bench.case import Case
-from ple_bench.export import benchmark_stats, main as export_main, write_pytest_benchmark_json
+from ple_bench.spec.case import Case
+from ple_bench.report.export import benchmark_stats, main as export_main, write_pytest_benchmark_json
 from ple_bench.results import load_records
 
 pytest_benchmark = pytest.importorskip("pytest_benchmark")
@@ -196,7 +196,7 @@ def test_summary_of_an_archived_gpu_run_names_the_axes_that_tell_cases_apart():
     the ids are; every row of summary.md is a different case, its noise the record's, in %."""
     from pathlib import Path
 
-    from ple_bench.export import summary_frame, summary_markdown
+    from ple_bench.report.export import summary_frame, summary_markdown
     from ple_bench.report.data import fmt, load_run
 
     run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-130202-paths-b4db")

@@ -395,8 +395,8 @@ def test_executor_hot_cache_hits_on_fresh_zipf_id_sets():
     """The runner warms the cache from an independent sample and times fresh id
     sets: with Zipf ids the hot rows are the table's, so the cache must hit
     (a cache warmed on rows that the measured sets never touch would report ~0)."""
-    from ple_bench.case import Case
-    from ple_bench.executor import CaseExecutor
+    from ple_bench.spec.case import Case
+    from ple_bench.run.executor import CaseExecutor
     from ple_bench.measure import TimingPolicy
 
     case = Case(impl="pinned_hot_cache", vocab_size=400_000, dim=16, dtype="fp8", num_heads=16,

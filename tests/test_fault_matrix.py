@@ -1,4 +1,4 @@
-"""Fault isolation on a CPU (issue 14.2): each fault planted between two good cases, in one run.
+"""Fault isolation on a CPU: each fault planted between two good cases, in one run.
 The good cases are ``VictimBackend``, which fails in a process an earlier case poisoned, so an ok
 record proves the case ran in a fresh worker and the result is its own.  Faults: a worker killed
 (``os._exit``), a worker poisoned, a hang past ``--case-timeout``, a table larger than host memory
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ple_bench import results
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 from tests._fault_matrix import Step, check_records, planned_order, write_suite
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ple_bench.backends import synthetic_rows
-from ple_bench.graphs import BreakableGraph, GraphError, capturing_graph, eager_break, is_eager_break
+from ple_bench.run.graphs import BreakableGraph, GraphError, capturing_graph, eager_break, is_eager_break
 
 
 class FakeDevice:

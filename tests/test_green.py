@@ -19,7 +19,7 @@ import torch
 from ple_bench.backends import green
 from ple_bench.backends.green import DriverGreenContext, GreenContextUnavailable, GreenHandle, green_stream
 from ple_bench.backends.registry import get_backend
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 
 CUDA1 = torch.device("cuda", 1)  # a device *name*: nothing below touches CUDA
 
@@ -445,7 +445,7 @@ def _suite(tmp_path, kind="step", prefetch="true", sm_limit="[0, 16]"):
 
 
 def test_suite_validates_sm_limit(tmp_path):
-    from ple_bench.suite import SuiteError, load_suite
+    from ple_bench.spec.suite import SuiteError, load_suite
 
     s = load_suite(_suite(tmp_path))
     assert sorted(c.sm_limit for c in s.cases if c.impl != "device") == [0, 16]  # + the resident baselines
@@ -465,7 +465,7 @@ def test_suite_validates_sm_limit(tmp_path):
 
 
 def test_overlap_suite_has_the_sm_limit_group():
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     s = load_suite("overlap")
     (group,) = [g for g in s.groups if g.name == "SM limit (green contexts)"]
@@ -479,7 +479,7 @@ def test_overlap_suite_has_the_sm_limit_group():
 
 
 def test_step_refuses_sm_limit_where_it_cannot_apply():
-    from ple_bench.step import _apply_sm_limit, run_step_case
+    from ple_bench.run.step import _apply_sm_limit, run_step_case
     from tests.test_step import _case, _tiny_policy, make_backend, make_ids
 
     backend = make_backend("pinned_uva")
@@ -501,7 +501,8 @@ def test_step_refuses_sm_limit_where_it_cannot_apply():
 
 
 def test_executor_skips_on_cpu_and_never_reuses_a_table_across_limits():
-    from ple_bench.executor import CaseExecutor, SkipCase
+    from ple_bench.run.executor import CaseExecutor
+    from ple_bench.run.outcome import SkipCase
     from ple_bench.parallel import Groups, Topology
     from tests.test_step import _tiny_policy
 

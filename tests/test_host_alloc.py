@@ -16,10 +16,11 @@ from ple_bench import results
 from ple_bench.backends import host_alloc, synthetic_rows
 from ple_bench.backends.extra_paths import PinnedCPUGatherEmbedding
 from ple_bench.backends.pinned import PinnedUVAEmbedding
-from ple_bench.case import HOST_ALLOC_MODES, Case
-from ple_bench.executor import CaseExecutor, SkipCase
+from ple_bench.spec.case import HOST_ALLOC_MODES, Case
+from ple_bench.run.executor import CaseExecutor
+from ple_bench.run.outcome import SkipCase
 from ple_bench.measure import TimingPolicy
-from ple_bench.suite import SuiteError, load_suite
+from ple_bench.spec.suite import SuiteError, load_suite
 
 GiB, MiB = 1 << 30, 1 << 20
 PAGE = mmap.PAGESIZE
@@ -291,7 +292,7 @@ def _single():
 
 
 def test_memory_check_uses_free_memory_for_one_rank_and_the_host_size_for_several(monkeypatch):
-    import ple_bench.executor as executor_mod
+    import ple_bench.run.executor as executor_mod
 
     monkeypatch.delenv("PLE_BENCH_HOST_MEM_BYTES", raising=False)
     monkeypatch.setattr(executor_mod, "host_memory_bytes", lambda: 125 * GiB)

@@ -14,11 +14,11 @@ import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
 from ple_bench.backends.native import host_gather_module
-from ple_bench.graphs import BreakableGraph
+from ple_bench.run.graphs import BreakableGraph
 from ple_bench.report import verdict
-from ple_bench.report.advise import advise
-from ple_bench.report.advise_run import suite_text
-from ple_bench.step import DecodeStep, StepMismatch, check_step
+from ple_bench.advise.answer import advise
+from ple_bench.advise.self_run import suite_text
+from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 from ple_bench.testing import check_backend
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,11 +13,11 @@ import torch
 
 from ple_bench import results
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy, host_gather_ceiling
-from ple_bench.step import DecodeStep, check_step
-from ple_bench.suite import SuiteError, load_suite
+from ple_bench.run.step import DecodeStep, check_step
+from ple_bench.spec.suite import SuiteError, load_suite
 
 VOCAB, DIM, HEADS, TOKENS, HIDDEN, SEED = 2048, 16, 2, 6, 24, 77
 # every lookup path: (impl, kernel)
@@ -91,7 +91,7 @@ def test_host_ids_steps_match_the_reference(impl, kernel, prefetch):
 
 
 def test_host_path_in_a_full_graph_is_refused_with_the_reason():
-    from ple_bench.graphs import BreakableGraph
+    from ple_bench.run.graphs import BreakableGraph
     from tests.test_graphs import FakeDevice
 
     dev = FakeDevice()

@@ -45,11 +45,11 @@ def test_sleeping_is_not_cpu_time():
 def test_a_host_sync_lookup_record_keeps_its_event_samples():
     """The schema's ``event_samples_ms`` (the CUDA events' time of the host-sync calls) reaches
     the record; the other timers have none."""
-    from ple_bench.executor import _measurement_fields
+    from ple_bench.measure.fields import measurement_fields
     from ple_bench.measure.timer import Measurement
 
     synced = Measurement([0.05, 0.06, 0.055], "host_sync", [None] * 3, [False] * 3, "max_samples", 3,
                          event_samples_ms=[0.02, 0.021, 0.019])
-    assert _measurement_fields(synced)["event_samples_ms"] == [0.02, 0.021, 0.019]
+    assert measurement_fields(synced)["event_samples_ms"] == [0.02, 0.021, 0.019]
     plain = Measurement([0.05, 0.06, 0.055], "cuda_event", [None] * 3, [False] * 3, "max_samples", 3)
-    assert _measurement_fields(plain)["event_samples_ms"] is None
+    assert measurement_fields(plain)["event_samples_ms"] is None

@@ -1,5 +1,5 @@
-"""``ple_bench.measure.repeat``: the one loop for "median of repeated timed calls" (issue
-14 item 4) -- fixed counts, a budget, regions a call records -- and its users: the
+"""``ple_bench.measure.repeat``: the one loop for "median of repeated timed calls"
+-- fixed counts, a budget, regions a call records -- and its users: the
 decode step's compute regions and the all-reduce bus bandwidth (the ceilings' use is
 covered by tests/test_measure.py and tests/test_ceilings.py)."""
 
@@ -45,7 +45,7 @@ def test_repeat_timed_reads_a_region_the_call_records():
 
 
 def test_the_step_regions_come_from_the_repeat_loop(monkeypatch):
-    from ple_bench import step as step_mod
+    from ple_bench.run import step as step_mod
     from tests.test_host_ids import _backend
 
     calls = []
@@ -66,20 +66,19 @@ def test_the_step_regions_come_from_the_repeat_loop(monkeypatch):
 def test_allreduce_busbw_is_timed_by_the_repeat_loop(monkeypatch, tmp_path):
     import torch.distributed as dist
 
-    from ple_bench import worker
-    from ple_bench.measure import repeat
+    from ple_bench.run import rank
 
     calls = []
-    real = repeat.repeat_timed
+    real = rank.repeat_timed
 
     def spy(fn, **kw):
         calls.append(kw)
         return real(fn, **kw)
 
-    monkeypatch.setattr(repeat, "repeat_timed", spy)
+    monkeypatch.setattr(rank, "repeat_timed", spy)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        out = worker._allreduce_busbw(torch.device("cpu"), 1)
+        out = rank.allreduce_busbw(torch.device("cpu"), 1)
     finally:
         dist.destroy_process_group()
     assert list(out) == ["allreduce_busbw_gbps_w1"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.report.model import GIB, Rates, build_model, predict, reduce_ms
+from ple_bench.advise.model import GIB, Rates, build_model, predict, reduce_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_advise_without_runs_runs_its_cases_and_on_a_cpu_ranks_nothing(tmp_path)
     (run,) = [p for p in tmp_path.iterdir() if (p / "meta.json").exists()]
     from ple_bench.results import load_records
 
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.suite import load_suite
 
     recs = load_records(run)
     suite = load_suite(run / "advise.toml")  # its cases and the resident baselines they need
@@ -155,7 +155,7 @@ def test_advise_without_runs_runs_its_cases_and_on_a_cpu_ranks_nothing(tmp_path)
 def test_a_prefetch_cannot_hide_the_etp_reduce():
     """The all-reduce runs in finalize after the compute: a prefetched path whose local lookup is
     fully hidden still exposes the whole reduce, and its step grows by exactly that much."""
-    from ple_bench.report.model import PathFit
+    from ple_bench.advise.model import PathFit
 
     fit = PathFit(key=("pinned_cpu_gather", "", True, "host", "breakable", "uniform", 0), c0=0.01, c1=1e-3, c2=0.0,
                   l0=0.02, l1=1e-5, e0=0.0, e1=0.0, n=10, tables=(GIB, 64 * GIB), rows=(1024, 8192),
@@ -202,7 +202,7 @@ def noisy_cpu_gather():
 def test_noisy_points_get_no_negative_slope_and_no_step_below_its_floor():
     import numpy as np
 
-    from ple_bench.report.model import physical_floor
+    from ple_bench.advise.model import physical_floor
 
     recs = noisy_cpu_gather()
     rows = [r["rows"] for r in recs]
@@ -227,7 +227,7 @@ def test_noisy_points_get_no_negative_slope_and_no_step_below_its_floor():
 
 
 def test_a_lookup_never_predicts_below_the_smallest_it_measured_at_fewer_rows():
-    from ple_bench.report.model import PathFit
+    from ple_bench.advise.model import PathFit
 
     # a fit whose line dips below what was measured at fewer rows (a steep intercept, no slope)
     fit = PathFit(key=("pinned_uva", "", False, "device", "breakable", 0, 0), c0=0.1, c1=0.0, c2=0.0, l0=0.01,
@@ -245,7 +245,7 @@ def test_leave_one_out_holds_out_a_configuration_group_with_its_ids_twin():
     twin that differs only in the id distribution measured the same: leaving one step out at a time
     with the twin in the fit predicted it from the twin (error ~0); the group and its twin left out
     together predict it from the other configurations (error ~33 %)."""
-    from ple_bench.report.model import config_group, leave_one_out, step_points
+    from ple_bench.advise.model import config_group, leave_one_out, step_points
 
     recs = synthetic()
     twin = [dict(r, ids="ngram", case_id=r["case_id"] + ".ngram") for r in recs if r["kind"] == "step"]
@@ -270,7 +270,7 @@ def test_leave_one_out_holds_out_a_configuration_group_with_its_ids_twin():
 def test_fits_are_per_timer_and_never_mix():
     """The same path timed on the host clock: its steps 0.1 ms longer than the CUDA-event ones.
     Each timer's fit recovers its own law; a pooled fit would sit between them."""
-    from ple_bench.report.model import compute_fit
+    from ple_bench.advise.model import compute_fit
 
     recs = synthetic()
     steps = [r for r in recs if r["kind"] == "step"]
@@ -295,7 +295,7 @@ def test_fits_are_per_timer_and_never_mix():
 
 
 def test_vs_hbm_is_against_the_resident_row_of_the_same_timer():
-    from ple_bench.report.advise_model import WhatIf, options_at
+    from ple_bench.advise.what_if import WhatIf, options_at
 
     recs = [r for r in synthetic() if r["kind"] == "step"]
     host = [dict(r, timer="host_sync", case_id=r["case_id"] + ".host", step_ms=r["step_ms"] + 0.2)
@@ -315,8 +315,8 @@ def test_vs_hbm_is_against_the_resident_row_of_the_same_timer():
 @pytest.fixture(scope="module")
 def archived_advice(runs):
     """The model's answer from every archived run at 2048 / 4096 tokens (past every measured step)."""
-    from ple_bench.report.advise_model import WhatIf, model_advice
-    from ple_bench.report.model import load_runs
+    from ple_bench.advise.what_if import WhatIf, model_advice
+    from ple_bench.advise.model import load_runs
 
     records, metas = load_runs(runs)
     m = build_model(records, metas, row_bytes=160)
@@ -330,7 +330,7 @@ def adv_points(archived):
 
 
 def test_archived_runs_predict_no_step_below_its_floor(archived_advice):
-    from ple_bench.report.model import KERNEL_FREE_IMPLS
+    from ple_bench.advise.model import KERNEL_FREE_IMPLS
 
     adv, metas, _ = archived_advice
     adv_max_tokens = max(p.tokens for p in adv_points(archived_advice))
@@ -358,7 +358,7 @@ def test_archived_runs_predict_no_step_below_its_floor(archived_advice):
 def test_printed_vs_hbm_is_the_ratio_of_the_two_printed_rows(archived_advice):
     import re
 
-    from ple_bench.report.advise import format_model_text
+    from ple_bench.advise.answer import format_model_text
 
     adv = archived_advice[0]
     lines = format_model_text(adv)
@@ -387,7 +387,7 @@ def test_printed_vs_hbm_is_the_ratio_of_the_two_printed_rows(archived_advice):
 def test_a_resident_steps_host_sync_twin_is_the_host_timed_baseline():
     """A resident event-timed step that also recorded its host-sync time (step_host_sync_ms) gives the
     host-timed pinned paths their like-for-like resident row."""
-    from ple_bench.report.advise_model import WhatIf, options_at
+    from ple_bench.advise.what_if import WhatIf, options_at
 
     recs = [r for r in synthetic() if r["kind"] == "step"]
     host = [dict(r, timer="host_sync", case_id=r["case_id"] + ".host", step_ms=r["step_ms"] + 0.2)

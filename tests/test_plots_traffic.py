@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ple_bench.report.data import load_run, num
-from ple_bench.report.plots import make_plots
+from ple_bench.report.gallery import make_plots
 from ple_bench.report.plots_traffic import decoder_share, main, plot_decoder, plot_traffic, traffic_series
 
 ROOT = Path(__file__).resolve().parents[1]

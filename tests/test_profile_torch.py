@@ -17,8 +17,8 @@ from ple_bench.annotate import annotate
 from ple_bench.measure import TimingPolicy, measure, run_sampling
 from ple_bench.measure.profiler import TorchTrace, set_torch_trace, torch_trace_case, torch_trace_window
 from ple_bench.measure.stopping import SampleCount, Stopper
-from ple_bench.dispatch import torch_trace_name
-from ple_bench.suite import load_suite
+from ple_bench.measure.profiler import torch_trace_name
+from ple_bench.spec.suite import load_suite
 from tests.test_cli import cli
 
 SAMPLES = 4

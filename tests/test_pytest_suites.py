@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.suite import list_suites, load_suite
+from ple_bench.spec.suite import list_suites, load_suite
 
 pytest.importorskip("pytest_benchmark")
 from pytest_benchmark.storage.file import FileStorage  # noqa: E402

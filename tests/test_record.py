@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ple_bench import record, results
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.record import SCHEMA_VERSION, Peers, derive, twin_key, twins_of, upgrade
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,8 +170,8 @@ def test_compute_slowdown():
 
 def test_host_path_eager_steps_carry_the_compute_slowdown_note():
     """A host path's eager step says why it has no compute_slowdown; its breakable step has one."""
-    from ple_bench.case import Case
-    from ple_bench.step import run_step_case
+    from ple_bench.spec.case import Case
+    from ple_bench.run.step import run_step_case
     from ple_bench.backends import get_backend
     from ple_bench.measure import TimingPolicy
 
@@ -199,7 +199,7 @@ def test_host_path_eager_steps_carry_the_compute_slowdown_note():
 
 
 def test_the_runner_puts_prefetch_off_first():
-    from ple_bench.suite_loop import order_cases
+    from ple_bench.run.loop import order_cases
 
     base = dict(kind="step", impl="pinned_uva", vocab_size=1 << 20, dim=160, dtype="fp8", compute_us=50.0)
     cases = [Case(prefetch=True, **base), Case(prefetch=False, **base),
@@ -209,7 +209,7 @@ def test_the_runner_puts_prefetch_off_first():
 
 
 def test_derive_record_keeps_twins_for_later_steps():
-    from ple_bench.suite_loop import derive_record
+    from ple_bench.run.loop import derive_record
 
     twins = Peers()
     off, on = _step(False, 0.4), _step(True, 0.1)
@@ -300,8 +300,8 @@ def test_upgrade_derives_the_offload_figures_again_and_keeps_the_stored_one():
 
 
 def test_suites_carry_the_baselines_of_their_pinned_steps():
-    from ple_bench.case import resident_baselines
-    from ple_bench.suite import load_suite
+    from ple_bench.spec.case import resident_baselines
+    from ple_bench.spec.suite import load_suite
 
     for name in ("paths", "default", "smoke"):
         suite = load_suite(name)

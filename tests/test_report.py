@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ._fake_runs import BROKEN_REASONS, gpu_cases, write_cpu_run, write_gpu_run, write_run
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.report import build_report, report_main
 from ple_bench.report.data import Run, slice_series
 from ple_bench.report.findings import findings
@@ -411,7 +411,8 @@ def test_the_verdict_plots_carry_step_time_vs_tokens_with_the_resident_baseline(
 
     from ple_bench.report.data import Run, load_run
     from ple_bench.report.html import key_plots
-    from ple_bench.report.plots import make_plots, plot_step_vs_tokens
+    from ple_bench.report.gallery import make_plots
+    from ple_bench.report.plots import plot_step_vs_tokens
 
     run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-130202-paths-b4db")
     plot = plot_step_vs_tokens(run)
@@ -436,7 +437,8 @@ def archived_runs():
 def test_plot_legends_hold_at_most_eight_entries_and_the_rest_is_one_click_away(archived_runs):
     """The archived paths run has 14 step configurations (the legend had 14 entries): the page's plot
     shows the best of each path and the resident baselines, the all-series plot every one."""
-    from ple_bench.report.plots import MAX_LEGEND, make_plots
+    from ple_bench.report.gallery import make_plots
+    from ple_bench.report.plots import MAX_LEGEND
 
     for name, run in archived_runs.items():
         plots = make_plots(run)
@@ -460,7 +462,8 @@ def test_the_plot_under_the_banner_is_the_verdicts_table_and_ids():
     in the paths run b469). The plot of every table is kept beside the other step plots."""
     from ple_bench.report.data import Run, load_run
     from ple_bench.report.html import key_plots
-    from ple_bench.report.plots import make_plots, plot_step_vs_tokens
+    from ple_bench.report.gallery import make_plots
+    from ple_bench.report.plots import plot_step_vs_tokens
     from ple_bench.report.sections import decode_steps
     from ple_bench.report.verdict import candidates, scope
 
@@ -479,11 +482,11 @@ def test_the_plot_under_the_banner_is_the_verdicts_table_and_ids():
 def test_log_axes_are_ticked_at_the_measured_values():
     from matplotlib.figure import Figure
 
-    from ple_bench.report.plots import _finish
+    from ple_bench.report.plots import finish_axes
 
     ax = Figure().subplots()
     ax.plot([64, 256, 512], [0.21, 0.26, 0.5])
-    _finish(ax, "tokens", "ms", logx=True, logy=True, xbase=2)
+    finish_axes(ax, "tokens", "ms", logx=True, logy=True, xbase=2)
     assert list(ax.get_xticks()) == [64, 256, 512]  # not 2^6, 2^7, 2^8, 2^9
     labels = [ax.xaxis.get_major_formatter()(v, i) for i, v in enumerate(ax.get_xticks())]
     assert labels == ["64", "256", "512"]
@@ -493,7 +496,7 @@ def test_log_axes_are_ticked_at_the_measured_values():
     ax = Figure().subplots()
     sizes = [64 << 20, 1 << 30, 8 << 30, 32 << 30, 51_200_245_760, 100 << 30]
     ax.plot(sizes, [1, 2, 3, 4, 5, 6])
-    _finish(ax, "table", "GB/s", logx=True, xbase=2, bytes_x=True)
+    finish_axes(ax, "table", "GB/s", logx=True, xbase=2, bytes_x=True)
     ticks = list(ax.get_xticks())
     assert ticks[0] == sizes[0] and ticks[-1] == sizes[-1] and 51_200_245_760 not in ticks and len(ticks) >= 4
 

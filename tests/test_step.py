@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.parallel import Topology
-from ple_bench.step import DecodeStep, StepMismatch, check_step, run_step_case
+from ple_bench.run.step import DecodeStep, StepMismatch, check_step, run_step_case
 
 VOCAB, DIM, HEADS, TOKENS, HIDDEN, SEED = 3000, 16, 2, 6, 24, 77
 
@@ -207,7 +207,7 @@ def test_breakable_step_binds_its_backend_calls(impl, prefetch):
     count list and the static rows; replaying them with fresh ids refreshes the
     static embeddings.  (Fake segments do not re-run the compute, so only the
     embeddings -- produced by the eager calls -- are checked here.)"""
-    from ple_bench.graphs import BreakableGraph
+    from ple_bench.run.graphs import BreakableGraph
     from tests.test_graphs import FakeDevice
 
     dev = FakeDevice()
@@ -241,7 +241,7 @@ def test_breakable_step_binds_its_backend_calls(impl, prefetch):
 def test_breakable_compute_region_is_timed_between_the_graph_segments():
     """compute_slowdown of a breakable step: the region's events are eager breaks around the
     compute's segment of an instrumented graph; the timed step's graph carries no such break."""
-    from ple_bench.graphs import BreakableGraph
+    from ple_bench.run.graphs import BreakableGraph
     from tests.test_graphs import FakeDevice
 
     dev = FakeDevice()
@@ -265,7 +265,7 @@ def test_a_fresh_worker_of_the_same_run_reuses_the_runs_calibration(tmp_path, mo
     """Each worker process used to calibrate on its own: after a failure the fresh worker could pick
     another matmul count, and a pinned step was then held against a resident step of other compute.
     The first calibration of a run is written to the run folder and every later worker reads it."""
-    from ple_bench import step as step_mod
+    from ple_bench.run import step as step_mod
     from ple_bench.env import CALIBRATION_ENV
 
     monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "calibration.json"))

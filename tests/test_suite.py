@@ -7,17 +7,10 @@ import textwrap
 
 import pytest
 
-from ple_bench.case import Case
-from ple_bench.suite import (
-    DTYPE_BYTES,
-    REPO_SUITES_DIR,
-    SuiteError,
-    case_json,
-    format_cases,
-    human_bytes,
-    list_suites,
-    load_suite,
-)
+from ple_bench.spec.case import Case
+from ple_bench.spec.listing import case_json, format_cases
+from ple_bench.spec.suite import REPO_SUITES_DIR, SuiteError, list_suites, load_suite
+from ple_bench.units import DTYPE_BYTES, format_bytes
 
 SHIPPED = ["default", "full", "nightly", "overlap", "smoke", "topology"]
 GiB, MiB = 1 << 30, 1 << 20
@@ -352,8 +345,8 @@ def test_format_cases_is_an_aligned_table():
     assert {row[dtype_col:].split()[0] for row in rows} == {"fp32", "fp16", "bf16", "fp8"}
     assert set(rule.replace(" ", "")) == {"-"}
     assert format_cases([]) == "(no cases)"
-    assert "e+" not in text and human_bytes((1 << 30) // 160 * 160) == "1 GiB"
-    assert human_bytes(640 * 1024) == "640 KiB" and human_bytes(12) == "12 B"
+    assert "e+" not in text and format_bytes((1 << 30) // 160 * 160) == "1 GiB"
+    assert format_bytes(640 * 1024) == "640 KiB" and format_bytes(12) == "12 B"
 
 
 # ------------------------------------------------------------------ lookup by name
@@ -484,7 +477,7 @@ def test_bad_suite_is_one_clear_error(tmp_path, text, expected):
 
 def test_timing_keys_match_the_timing_policy(shipped):
     from ple_bench.measure import TimingPolicy
-    from ple_bench.suite import TIMING
+    from ple_bench.spec.axes import TIMING
 
     assert set(TIMING) == {f.name for f in dataclasses.fields(TimingPolicy)}
     for suite in shipped.values():

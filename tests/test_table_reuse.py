@@ -7,11 +7,11 @@ import itertools
 
 import torch
 
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy
-from ple_bench.suite import load_suite
-from ple_bench.suite_loop import order_cases
+from ple_bench.spec.suite import load_suite
+from ple_bench.run.loop import order_cases
 
 # two groups sharing two tables (the same rows pinned by torch's allocator and exactly), as the
 # default suite's production-table groups do; the kernel and the token count vary within a table

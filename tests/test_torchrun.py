@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from ple_bench import results
-from ple_bench.suite_loop import select_cases
-from ple_bench.suite import load_suite
+from ple_bench.run.loop import select_cases
+from ple_bench.spec.suite import load_suite
 
 pytestmark = pytest.mark.slow
 

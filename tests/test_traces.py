@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ple_bench import traces, workload
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 
 VOCAB, HEADS = 40_000, 4  # 10 000 rows a head: 2 heads of 2-grams, 2 of 3-grams
 
@@ -186,7 +186,7 @@ def test_real_tokenizer_trace_and_compression():
 def test_traffic_suite_smoke_size_cases_run_on_the_cpu(tiny_trace):
     from dataclasses import replace
 
-    from ple_bench.executor import CaseExecutor
+    from ple_bench.run.executor import CaseExecutor
     from ple_bench.measure import TimingPolicy
 
     suite = load_suite("traffic")
@@ -225,7 +225,7 @@ def test_prefill_chunks_of_real_text_repeat_rows(tiny_trace):
 
 # --------------------------------------------------------------------- advise --ids
 def test_advise_keeps_the_records_of_the_asked_traffic():
-    from ple_bench.report.advise import AdviseError, records_for_ids
+    from ple_bench.advise.answer import AdviseError, records_for_ids
 
     recs = [{"ids": "zipf:1.10", "case_id": "a"}, {"ids": "text:code", "case_id": "b"},
             {"ids": "uniform", "case_id": "c"}, {"ids": "TEXT:code", "case_id": "d"}]

@@ -4,8 +4,8 @@ the time the GPU run has (about 1.3 s a step case: at most 100 cases)."""
 
 from __future__ import annotations
 
-from ple_bench.case import resident_baselines
-from ple_bench.suite import load_suite
+from ple_bench.spec.case import resident_baselines
+from ple_bench.spec.suite import load_suite
 
 IDS = {"text:code", "text:prose", "zipf:1.1", "uniform"}
 GIB = 1 << 30

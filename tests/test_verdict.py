@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.case import Case
+from ple_bench.spec.case import Case
 from ple_bench.record import Peers, derive
 from ple_bench.report.data import Run
 from ple_bench.report.findings import offload_answer_findings

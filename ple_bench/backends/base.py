@@ -23,7 +23,7 @@ and stands in for vLLM's forward context.
 
 The contract
 ------------
-Everything the engine (``executor``, ``step``, ``runner``) reads or calls on a
+Everything the engine (``run/``: the executor, the step, the loop) reads or calls on a
 backend is declared here, with a default, so a plug-in author knows what to
 implement and a renamed attribute fails loudly instead of silently changing a
 result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
@@ -80,6 +80,7 @@ from ..parallel import Groups
 from .formats import StorageFormat, int_view
 from .kernels import get_kernel, takes_grid_cap
 from .synthetic import fill_synthetic
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -459,7 +460,6 @@ class PLEEmbedding(ABC):
         the DP ranks of its ETP group (``ids`` as they are when ETP does not span DP)."""
         if self.topology.replicas == 1:
             return ids
-        import torch.distributed as dist
 
         if ids.shape[0] < slot:
             pad = ids.new_zeros(slot - ids.shape[0], ids.shape[1])
@@ -513,7 +513,6 @@ class PLEEmbedding(ABC):
         owner per row); ``rows`` as they are without an ETP group."""
         if self.groups.etp_group is None:
             return rows
-        import torch.distributed as dist
 
         with annotate("reduce_rows", color="purple"):
             dist.all_reduce(_reduce_view(rows), group=self.groups.etp_group)
@@ -551,7 +550,7 @@ class PLEEmbedding(ABC):
         rows = self.lookup(ids, counts)
         if out is None:
             return rows
-        _check_out(out, rows)
+        check_out(out, rows)
         out.copy_(rows)
         return out
 
@@ -570,7 +569,7 @@ def _reduce_view(rows: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def _check_out(out: torch.Tensor, rows: torch.Tensor) -> None:
+def check_out(out: torch.Tensor, rows: torch.Tensor) -> None:
     if out.shape != rows.shape or out.dtype != rows.dtype or out.device != rows.device:
         raise ValueError(
             f"output must be {tuple(rows.shape)} {rows.dtype} on {rows.device}, "

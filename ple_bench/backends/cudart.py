@@ -11,6 +11,8 @@ import functools
 import os
 from typing import Any
 
+import torch
+
 #: cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 MEMCPY_H2D = 1
 MEMCPY_D2H = 2
@@ -105,8 +107,6 @@ class RawEvent:
 
 def current_stream_handle(device_index: int) -> int:
     """The raw ``cudaStream_t`` of the current stream of ``device_index`` (torch's own, no Stream object)."""
-    import torch
-
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if raw is not None:
         return raw(device_index)
@@ -141,8 +141,6 @@ def copy_h2d_async(dest, src, stream) -> None:
     """``dest`` (device, contiguous) <- ``src`` (pinned host, contiguous, same bytes),
     asynchronously on ``stream``: one raw runtime call where it can be had, else
     torch's copy on that stream."""
-    import torch
-
     nbytes = src.numel() * src.element_size()
     fn = memcpy_async()
     if fn is not None and dest.is_contiguous() and src.is_contiguous() and src.is_pinned() \

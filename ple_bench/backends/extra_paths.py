@@ -26,10 +26,11 @@ import torch
 
 from ..annotate import annotate
 from .cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_h2d_raw, runtime
+from .fast_kernels import triton_tuned_lookup, tuned_lookup
 from .formats import int_view
 from .host_prefetch import HostPathEmbedding, StagingBuffer
-from .pinned import PinnedUVAEmbedding
 from .native import host_gather_module, native_error, new_host_gather
+from .pinned import PinnedUVAEmbedding
 from .registry import register_backend
 
 #: most host threads a gather uses by default (beyond this a decode-size gather gains nothing)
@@ -545,8 +546,6 @@ class PinnedHotCacheEmbedding(PinnedUVAEmbedding):
 
     # ----------------------------------------------------------- lookup
     def local_lookup(self, ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        from .fast_kernels import triton_tuned_lookup, tuned_lookup
-
         out = self._lookup_output(ids, out)
         flat = self.device_ids(ids).reshape(-1).to(torch.int64)
         dest = int_view(out).view(-1, self.embedding_dim)

@@ -36,9 +36,9 @@ import torch
 
 from .kernels import (
     LookupKernel,
-    _KERNELS,
     get_kernel,
     grid_capped,
+    kernel_names,
     register_kernel,
     takes_grid_cap,
     torch_masked_lookup,
@@ -88,7 +88,6 @@ INTERPRETER_CONFIG = TunedConfig(rows=4, num_warps=1, programs_per_sm=None)
 
 _max_programs: int | None = None
 _tuned: dict[tuple, TunedConfig] = {}
-_tuned_times: dict[tuple, dict[TunedConfig, float]] = {}
 _tune_lock = threading.Lock()
 _built: dict[bool, object] = {}
 _sm_count: dict[int, int] = {}
@@ -137,46 +136,10 @@ def default_config(words: int) -> TunedConfig:
     return TunedConfig(rows=4, num_warps=max(1, min(4, tile // 64)), programs_per_sm=None)
 
 
-def tuned_configs() -> dict[str, TunedConfig]:
-    """The tuner's winners so far, keyed by a readable description."""
-    return {_describe(key): cfg for key, cfg in _tuned.items()}
-
-
-def tuning_report() -> list[dict]:
-    """Per tuned key: the winner, its time, the untuned default's time and the
-    slowest candidate's (milliseconds, medians of 5 launches)."""
-    report = []
-    for key, times in _tuned_times.items():
-        best = _tuned[key]
-        default = default_config(key[3])
-        report.append({
-            "key": _describe(key), "best": str(best), "best_ms": times[best],
-            "default": str(default), "default_ms": times.get(default, float("nan")),
-            "worst_ms": max(times.values()), "candidates": len(times),
-        })
-    return report
-
-
-def clear_tuning() -> None:
-    _tuned.clear()
-    _tuned_times.clear()
-
-
-def _describe(key: tuple) -> str:
-    device, _ptr, word, words, bucket, cap, cached = key
-    word_bytes = torch.empty((), dtype=word).element_size()
-    text = f"cuda:{device} row={words * word_bytes}B ({words}x{str(word).replace('torch.', '')}) ids~{bucket}"
-    if cap is not None:
-        text += f" cap={cap}"
-    if cached:
-        text += " +cache"
-    return text
-
-
 def _build(interpret: bool):
     if interpret in _built:
         return _built[interpret]
-    import triton.language as tl
+    import triton.language as tl  # (see kernels.triton_jit)
 
     def ple_lookup_rows_per_program(
         table_ptr, ids_ptr, out_ptr, slots_ptr, cache_ptr, n, vocab_start, vocab_end,
@@ -223,7 +186,7 @@ def _build(interpret: bool):
 def _jit(fn, interpret: bool):
     """:func:`kernels.triton_jit`, plus: no specialisation on the id count and
     shard bounds (arguments 5-7), which would only multiply compiles."""
-    import triton
+    import triton  # decorated lazily: TRITON_INTERPRET is read at decoration
 
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
@@ -385,7 +348,6 @@ def _tune(key: tuple, words: int, launch: Callable[[TunedConfig], None]) -> Tune
             times[cfg] = sorted(samples)[len(samples) // 2]
         best = min(times, key=times.__getitem__)
         _tuned[key] = best
-        _tuned_times[key] = times
         return best
 
 
@@ -448,10 +410,10 @@ def make_dedup_kernel(inner: str | LookupKernel) -> LookupKernel:
 
 
 def _register_dedup_variants() -> None:
-    for name in [k for k in list(_KERNELS) if not k.startswith("dedup")]:
+    for name in [k for k in kernel_names() if not k.startswith("dedup")]:
         register_kernel(f"dedup:{name}")(make_dedup_kernel(name))
-    register_kernel("dedup_triton")(_KERNELS["dedup:triton_tuned"])
-    register_kernel("dedup_torch")(_KERNELS["dedup:torch_masked"])
+    register_kernel("dedup_triton")(get_kernel("dedup:triton_tuned"))
+    register_kernel("dedup_torch")(get_kernel("dedup:torch_masked"))
 
 
 _register_dedup_variants()

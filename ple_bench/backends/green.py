@@ -64,7 +64,7 @@ def load_torch_green() -> Any | None:
     """torch's ``GreenContext`` class when it is usable here *and* has ``Stream()``;
     None otherwise (see :func:`torch_green_note` for why)."""
     try:
-        from torch.cuda import green_contexts as gc
+        from torch.cuda import green_contexts as gc  # newer torch only: absent is a skip
     except ImportError:
         return None
     cls = getattr(gc, "GreenContext", None)
@@ -76,7 +76,7 @@ def load_torch_green() -> Any | None:
 def torch_green_note() -> str:
     """Why the torch way is passed over (empty when it is usable)."""
     try:
-        from torch.cuda import green_contexts as gc
+        from torch.cuda import green_contexts as gc  # newer torch only: absent is a skip
     except ImportError:
         return f"torch {torch.__version__} has no torch.cuda.green_contexts"
     cls = getattr(gc, "GreenContext", None)

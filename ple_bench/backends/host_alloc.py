@@ -1,7 +1,7 @@
 """How a pinned table's host memory is allocated (the ``host_alloc`` axis), what it
 really takes, and whether it fits.
 
-Modes (:data:`ple_bench.case.HOST_ALLOC_MODES`):
+Modes (:data:`ple_bench.spec.case.HOST_ALLOC_MODES`):
 
 * ``torch``: ``torch.empty(..., pin_memory=True)``, torch's caching host
   allocator.  It rounds every block up to a power of two (a 47.7 GiB table pins
@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..case import HOST_ALLOC_MODES
+from ..spec.case import HOST_ALLOC_MODES
 
 GiB = 1 << 30
 PAGE_BYTES = mmap.PAGESIZE

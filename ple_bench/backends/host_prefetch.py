@@ -33,14 +33,14 @@ waits for the side stream.  Where the host work runs (``host_prefetch``):
   cost more than they win: on the H200 host (16 cores) a start_prefetch +
   finalize of 1 K-8 K rows took 0.41-0.51 ms threaded and 0.23-0.30 ms
   deferred, and behind 200 us of GPU work 0.43-0.48 ms threaded and 0.24-0.47
-  ms deferred (scripts/gpu/host_gather_bisect.py, docs/gpu-logs/session3/).  The synchronous ``lookup`` does the host work on
+  ms deferred (measured on an H200; docs/lookup-paths.md).  The synchronous ``lookup`` does the host work on
 the calling thread (a blocking device->host copy first when the ids are on the
 device).  Only the host work itself is counted in ``host_thread_s``: waits for
 the ids or for a free staging buffer are not CPU work.
 
 Host work done on the calling thread cannot be captured in a CUDA graph: these
 paths run eagerly, or as eager breaks of a breakable graph (see
-:mod:`ple_bench.graphs`).  :mod:`.host_graph` (``pinned_host_graph``) does the
+:mod:`ple_bench.run.graphs`).  :mod:`.host_graph` (``pinned_host_graph``) does the
 same gather as a host node of the graph instead, captured whole.
 """
 

@@ -99,7 +99,7 @@ def triton_jit(fn, interpret: bool):
     Triton reads ``TRITON_INTERPRET`` when a function is decorated, so kernels
     are decorated lazily, once per mode: the same process can then run CPU
     tensors under the interpreter (functional mode) and, with a GPU, compiled."""
-    import triton
+    import triton  # decorated lazily: TRITON_INTERPRET is read at decoration
 
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
@@ -115,8 +115,8 @@ def triton_jit(fn, interpret: bool):
 def _build_triton_kernel(interpret: bool):
     if interpret in _triton_kernels:
         return _triton_kernels[interpret]
-    import triton
-    import triton.language as tl
+    import triton  # decorated lazily: TRITON_INTERPRET is read at decoration
+    import triton.language as tl  # (see triton_jit)
 
     def ple_lookup_row_per_program(
         table_ptr, ids_ptr, out_ptr, dim, vocab_start, vocab_end, BLOCK_D: tl.constexpr

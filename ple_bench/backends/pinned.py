@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ..annotate import annotate
-from .base import PLEEmbedding, _check_out
+from .base import PLEEmbedding, check_out
 from .green import GreenContextUnavailable, GreenHandle, shared_green_stream
 from .host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
 from .registry import register_backend
@@ -250,7 +250,7 @@ class PinnedUVAEmbedding(PLEEmbedding):
             if out is None:
                 rows = rows.clone()
             else:
-                _check_out(out, rows)
+                check_out(out, rows)
                 out.copy_(rows)
             if main is not None and not torch.cuda.is_current_stream_capturing():
                 if self._buffer_free is None:  # one event, re-recorded: the buffer is free once main read it

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from .base import PLEEmbedding
+
 _BACKENDS: dict[str, type] = {}
 
 
@@ -44,8 +46,6 @@ def backend_names() -> list[str]:
 
 def get_backend(name: str) -> type:
     """A backend class by registered name or by ``package.module:Class``."""
-    from .base import PLEEmbedding
-
     _load_builtin()
     if ":" in name:
         module_name, _, attr = name.partition(":")

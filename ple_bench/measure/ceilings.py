@@ -49,16 +49,20 @@ and ``ceilings_seconds`` (wall time spent).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
 import torch
 
 from ..annotate import annotate
+from ..backends.native import host_gather_module, native_error, new_host_gather
+from ..backends.uva import cuda_view_of_pinned
 from ..env import resolve_device
 from .hbm_read import HBM_READ_BYTES, measure_hbm_read
 from .profiler import windows_suspended
 from .repeat import repeat_timed
+from .timer import TimingPolicy, measure
 
 ROW_SIZES = (160, 512)
 COPY_BYTES = 256 << 20
@@ -102,8 +106,6 @@ def _gather_rates(table_bytes_view: torch.Tensor, out_device: torch.device, ids_
 
 
 def _cuda_ceilings(device: torch.device, budget_s: float, pinned_table_bytes: int) -> dict[str, Any]:
-    from ..backends.uva import cuda_view_of_pinned
-
     res: dict[str, Any] = {}
     share = budget_s / 8  # h2d, d2h, d2d, the HBM read, 2 pinned gathers, 2 device gathers
     stream = torch.cuda.current_stream(device)
@@ -178,10 +180,6 @@ CEILING_MAX_TIME_S = 0.5
 def bounded_policy(policy: "TimingPolicy | None") -> "TimingPolicy":
     """The case's timing policy for a ceiling of that case: the same warm-up, noise target
     and L2 setting, sampling for at most :data:`CEILING_MAX_TIME_S`."""
-    import dataclasses
-
-    from .timer import TimingPolicy
-
     policy = policy if policy is not None else TimingPolicy()
     max_time = min(policy.max_time_s, CEILING_MAX_TIME_S)
     return dataclasses.replace(policy, max_time_s=max_time, min_time_s=min(policy.min_time_s, max_time),
@@ -197,8 +195,6 @@ def _row_loop(table_bytes_view: torch.Tensor):
     """The native row loop (``ple_bench/backends/native/host_gather.cpp``) as a plain host
     gather ``fn(ids, out)`` with all torch threads and nothing else (no copy, no event), or
     None where the module is not built (no compiler or ninja, ``PLE_BENCH_NATIVE=0``)."""
-    from ..backends.native import host_gather_module, native_error, new_host_gather
-
     if host_gather_module() is None:
         return None
     gather = new_host_gather(table_bytes_view, torch.uint8, "cpu", table_bytes_view.shape[1],
@@ -238,8 +234,6 @@ def host_gather_ceiling(table: torch.Tensor, rows: int, device, *, seed: int = 0
     Returns ``ms``, ``rows_per_s``, ``rows``, ``table_bytes``, ``row_bytes``, ``threads``,
     ``repeats``, ``timer``, ``cold_l2``, ``id_sets``, ``gather``, ``torch_ms``,
     ``row_loop_ms``, ``warm_ms``, ``warm_repeats``."""
-    from .timer import measure
-
     device = resolve_device(device)
     cuda = device.type == "cuda"
     pol = bounded_policy(policy)
@@ -347,8 +341,6 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
     Bytes as the cases count them: rows x row bytes.  Returns ``key``, ``memory``,
     ``ms``, ``gbps``, ``rows_per_s``, ``rows``, ``row_bytes``, ``table_bytes``, ``ids``,
     ``num_heads``, ``host_alloc``, ``id_sets``, ``cold_l2``, ``timer``, ``repeats``."""
-    from .timer import measure
-
     device = resolve_device(device)
     if not id_sets:
         raise ValueError("random_row_ceiling needs at least one id set")

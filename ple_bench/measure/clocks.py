@@ -23,7 +23,7 @@ def nvml():
     global _NVML
     if _NVML is None:
         try:
-            import pynvml
+            import pynvml  # optional: NVML
 
             pynvml.nvmlInit()
             _NVML = pynvml

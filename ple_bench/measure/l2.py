@@ -72,9 +72,3 @@ def get_flusher(device: torch.device | str) -> L2Flusher:
 def l2_flush(device: torch.device | str) -> None:
     """Flush ``device``'s L2 on its current stream (no-op on CPU)."""
     get_flusher(device).flush()
-
-
-def release_flushers() -> None:
-    """Free the cached flush buffers (e.g. before measuring memory headroom)."""
-    with _lock:
-        _flushers.clear()

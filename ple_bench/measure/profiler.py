@@ -11,10 +11,16 @@ machine without CUDA, it is a no-op.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from .. import annotate as _annotate
 
 _enabled = False
 
@@ -86,10 +92,6 @@ class TorchTrace:
         self._seen_meta: set[str] = set()
 
     def add(self, prof, label: str, samples: int) -> None:
-        import json
-        import os
-        import tempfile
-
         fd, tmp = tempfile.mkstemp(prefix="ple_bench-trace-", suffix=".json")
         os.close(fd)
         try:
@@ -120,8 +122,6 @@ class TorchTrace:
 
     def write(self, path) -> Path | None:
         """Write the merged trace (``None`` and nothing written if no window recorded)."""
-        import json
-
         if self.header is None:
             return None
         path = Path(path)
@@ -168,9 +168,7 @@ def torch_trace_window(label: str) -> Iterator:
     if trace is None:
         yield _identity
         return
-    from torch.profiler import ProfilerActivity, profile, record_function
 
-    from .. import annotate as _annotate
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -222,6 +220,12 @@ def torch_trace_window(label: str) -> Iterator:
         raise
     stop()
     trace.add(prof, label, state["samples"])
+
+
+def torch_trace_name(case_id: str, rank: int = 0) -> str:
+    """The file name of a case's torch.profiler trace in its run folder (``run --torch-trace``)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in case_id)
+    return f"trace_{safe}.json" if rank == 0 else f"trace_{safe}.rank{rank}.json"
 
 
 @contextlib.contextmanager

@@ -80,7 +80,7 @@ def halves_disagree(samples_ms: Sequence[float]) -> bool:
     a two-sided Mann-Whitney U test between them gives p < :data:`UNSTABLE_P` and their means
     differ by more than :data:`UNSTABLE_SHIFT` of the series' median (a shift that matters,
     seen by a test that a few outliers do not sway)."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # scipy: heavy, only a test needs it
 
     n = len(samples_ms) // 2
     if n < MIN_SAMPLES_FOR_STABILITY:

@@ -7,11 +7,11 @@ import argparse
 import sys
 from typing import Sequence
 
+from .compare import add_compare_args, run_compare
+from .html import add_report_args, run_report
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .compare import add_compare_args, run_compare
-    from .html import add_report_args, run_report
-
     parser = argparse.ArgumentParser(prog="python -m ple_bench.report")
     sub = parser.add_subparsers(dest="verb", required=True)
     add_report_args(sub.add_parser("report", help="HTML report of a stored run"))

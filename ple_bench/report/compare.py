@@ -104,8 +104,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from .data import (AXES, BadRunError, Run, describe, fmt, load_run, measured_samples, num,
-                   unflagged_throttled, varying_axes)
+from .data import (AXES, BadRunError, Run, case_label, fmt, load_run, measured_samples,
+                   median_or_stored, run_median, unflagged_throttled, varying_axes)
+from .history import run_history
+from .html import Column, render_page
+import numpy as np
 
 MIN_SAMPLES = 5  # pooled mode: fewer samples a side is "insufficient"
 MIN_RUNS = 3  # run-median mode: runs a side needed (and ok runs a case needs)
@@ -263,7 +266,7 @@ class CompareResult:
 def mann_whitney_p(a: Sequence[float], b: Sequence[float], alternative: str = "two-sided") -> float:
     """Mann-Whitney U p-value of ``a`` vs ``b`` (scipy's ``alternative``: "less" = ``a`` tends to be
     smaller); 1.0 when the test cannot separate them (empty side, all values tied)."""
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # scipy: heavy, only a test needs it
 
     if not a or not b:
         return 1.0
@@ -282,8 +285,6 @@ def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the input order: the i-th smallest p times (m - i + 1),
     made monotone and capped at 1.  A case is significant at family-wise level alpha when its
     adjusted p <= alpha."""
-    import numpy as np
-
     p = np.asarray(p_values, dtype=float)
     m = p.size
     if not m:
@@ -304,21 +305,12 @@ def runs_needed(m: int, alpha: float) -> int:
     return n
 
 
-def _median_or_stored(samples: list[float], records: Sequence[dict[str, Any]]) -> float | None:
-    if samples:
-        return statistics.median(samples)
-    stored = [m for m in (num(r.get("median_ms")) for r in records) if m is not None]
-    return statistics.median(stored) if stored else None
-
-
 def _change(base_ms: float | None, cand_ms: float | None) -> float | None:
     return (cand_ms - base_ms) / base_ms * 100 if base_ms and cand_ms is not None else None
 
 
 def _noise_pct(values: Sequence[float]) -> float | None:
     """100 x std / mean of a side's observations (nvbench's noise: relative standard deviation)."""
-    import numpy as np
-
     if len(values) < 2:
         return None
     arr = np.asarray(values, dtype=float)
@@ -345,7 +337,7 @@ def compare_pooled(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, An
     """One case, each side's runs' (throttle-filtered) samples pooled: pooled medians, two-sided test."""
     bs = [s for r in bases for s in measured_samples(r)]
     cs = [s for r in cands for s in measured_samples(r)]
-    bm, cm = _median_or_stored(bs, bases), _median_or_stored(cs, cands)
+    bm, cm = median_or_stored(bs, bases), median_or_stored(cs, cands)
     change = _change(bm, cm)
     p_value = None
     if len(bs) < min_samples or len(cs) < min_samples or change is None:
@@ -355,12 +347,6 @@ def compare_pooled(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, An
         verdict = _verdict(change, p_value, threshold_pct, alpha)
     return _comparison(bases, cands, bm, cm, change, p_value, len(bs), len(cs), verdict, "samples",
                        _noise_pct(bs), _noise_pct(cs))
-
-
-def run_median(record: dict[str, Any]) -> float | None:
-    """One run's observation of a case: the median of its throttle-filtered samples
-    (the stored ``median_ms`` when the record kept no samples)."""
-    return _median_or_stored(measured_samples(record), [record])
 
 
 def compare_run_medians(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, Any]], threshold_pct: float,
@@ -388,7 +374,7 @@ def compare_run_medians(bases: Sequence[dict[str, Any]], cands: Sequence[dict[st
 
 def _comparison(bases, cands, bm, cm, change, p_value, nb, nc, verdict, basis, b_noise, c_noise) -> CaseComparison:
     last = cands[-1]
-    return CaseComparison(case_id=str(last.get("case_id")), label=_label(last), baseline_ms=bm, candidate_ms=cm,
+    return CaseComparison(case_id=str(last.get("case_id")), label=case_label(last), baseline_ms=bm, candidate_ms=cm,
                           change_pct=change, p_value=p_value, n_baseline=nb, n_candidate=nc, verdict=verdict,
                           basis=basis, baseline_noise_pct=b_noise, candidate_noise_pct=c_noise,
                           baseline_timer=timer_of(bases), candidate_timer=timer_of(cands),
@@ -411,18 +397,6 @@ def comparable_timers(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str,
     """Both sides timed with one and the same timer."""
     b, c = timer_of(bases), timer_of(cands)
     return b == c and "+" not in b
-
-
-def _label(record: dict[str, Any]) -> str:
-    """What a case is, in a few words (the case id hides some axes in its hash)."""
-    axes = ["kind", "impl", "dtype", "num_tokens"]
-    if record.get("kind") == "step":
-        axes += ["prefetch", "compute_us"]
-    text = describe(record, axes)
-    tp, etp, dp = (record.get(k) or 1 for k in ("tp", "etp", "dp"))
-    if (tp, etp, dp) != (1, 1, 1):
-        text += f" tp{tp} etp{etp} dp{dp}"
-    return text
 
 
 def _as_list(dirs: PathLike | Sequence[PathLike]) -> list[PathLike]:
@@ -695,8 +669,6 @@ def _timer_cell(rec: dict[str, Any]) -> str:
 
 
 def write_compare_html(result: CompareResult, out: str | Path) -> Path:
-    from .html import Column, render_page
-
     runs = result.mode == "runs"
     test = "p (one-sided Mann–Whitney, run medians)" if runs else "p (Mann–Whitney, pooled samples)"
     columns = [
@@ -763,7 +735,7 @@ def summary_frame(result: CompareResult):
     compared cases, both times (ms), both noises (%), the change (%), raw and adjusted p and a status
     (:data:`STATUS`), plus a note (both timers of a not-comparable case, a broken case's reason).
     A pandas DataFrame (what :func:`write_csv` and :func:`write_markdown` write)."""
-    import pandas as pd
+    import pandas as pd  # pandas: heavy, only the CSV/markdown tables
 
     axes = varying_axes([c.axes for c in result.cases], exclude=("seed",))
     rows = []
@@ -868,8 +840,6 @@ def add_compare_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 def run_compare(args: argparse.Namespace) -> int:
     if getattr(args, "history", None):
-        from .history import run_history
-
         return run_history(args)
     if args.vs is not None:
         baselines, candidates = list(args.runs), list(args.vs)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
+from ..units import format_bytes
 
 # Case axes, in the order a person reads them.  ``seed`` and ``extra`` are
 # not varied axes for plotting purposes (extra is shown in the table).
@@ -254,13 +255,9 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 
 def fmt_bytes(n: Any) -> str:
+    """A stored byte count for display (:func:`ple_bench.units.format_bytes`); "" where there is none."""
     f = num(n)
-    if f is None:
-        return ""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if f >= scale * 0.9995:  # 1,073,741,760 B reads "1 GiB", not "1.02e+03 MiB"
-            return f"{f / scale:.3g} {unit}"
-    return f"{f:.0f} B"
+    return "" if f is None else format_bytes(f)
 
 
 def describe(record: dict[str, Any], axes: Iterable[str] = ("impl", "dtype")) -> str:
@@ -408,3 +405,29 @@ def status_counts(records: Sequence[dict[str, Any]]) -> dict[str, int]:
 
 def run_order_key(run: Run) -> tuple:
     return (run.started_at or "", run.run_id)
+
+
+def median_or_stored(samples: list[float], records: Sequence[dict[str, Any]]) -> float | None:
+    """The median of ``samples``, else of the records' stored ``median_ms`` (records that kept no samples)."""
+    if samples:
+        return statistics.median(samples)
+    stored = [m for m in (num(r.get("median_ms")) for r in records) if m is not None]
+    return statistics.median(stored) if stored else None
+
+
+def run_median(record: dict[str, Any]) -> float | None:
+    """One run's observation of a case: the median of its throttle-filtered samples
+    (the stored ``median_ms`` when the record kept no samples)."""
+    return median_or_stored(measured_samples(record), [record])
+
+
+def case_label(record: dict[str, Any]) -> str:
+    """What a case is, in a few words (the case id hides some axes in its hash)."""
+    axes = ["kind", "impl", "dtype", "num_tokens"]
+    if record.get("kind") == "step":
+        axes += ["prefetch", "compute_us"]
+    text = describe(record, axes)
+    tp, etp, dp = (record.get(k) or 1 for k in ("tp", "etp", "dp"))
+    if (tp, etp, dp) != (1, 1, 1):
+        text += f" tp{tp} etp{etp} dp{dp}"
+    return text

@@ -524,7 +524,7 @@ def graph_and_cache_findings(run: Run) -> list[Finding]:
         for key in ("graph_median_ms", "hot_median_ms"):
             if num(r.get(key)) is not None:
                 # a graph replay is like for like with the eager figure only when it rotated the same
-                # id sets with the L2 flushed (records before session 3 replayed one set, warm)
+                # id sets with the L2 flushed (older records replayed one set, warm)
                 like = key != "graph_median_ms" or (bool(r.get("graph_cold_l2")) == bool(r.get("cold_l2", True))
                                                     and (num(r.get("graph_id_sets")) or 1) == (num(r.get("id_sets")) or 1))
                 name = key if like else "graph_warm_one_set"

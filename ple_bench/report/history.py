@@ -4,11 +4,11 @@
 ``meta.json`` + ``records.jsonl``, never rewritten) and the accepted baseline as a directory
 of symlinks to some of them (``results/baseline``).  :func:`load_history` reads the runs of
 one suite there, oldest first (:func:`ple_bench.report.data.run_order_key`), and gives each
-case its run medians (:func:`ple_bench.report.compare.run_median`: throttle-filtered, the
+case its run medians (:func:`ple_bench.report.data.run_median`: throttle-filtered, the
 observation the run-median compare tests); :func:`write_history_html` draws one matplotlib
 PNG per case -- x: the runs in order, labelled with the commit's short hash, y: the run
 median, the baseline runs' range shaded -- into one self-contained HTML page (the PNGs
-inlined as the report's plots are, :func:`ple_bench.report.plots._to_uri`).
+inlined as the report's plots are, :func:`ple_bench.report.plots.figure_uri`).
 
 CLI: ``python -m ple_bench compare --history RESULTS_DIR [BASE...] [--suite S]
 [--history-last N] [--out PATH]`` (the baseline is the positional runs, else
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .data import BadRunError, Run, load_run, run_order_key
+from .data import BadRunError, Run, case_label, load_run, run_median, run_order_key
+from .html import render_page
 
 BASELINE_DIR = "baseline"  # nightly.sh's default baseline: RESULTS_DIR/baseline/<run_id> -> ../<run_id>
 
@@ -88,7 +89,6 @@ def load_history(results_dir: str | Path, baseline_dirs: Sequence[str | Path] | 
     ``baseline_dirs``: the baseline runs (default: the runs linked from ``results_dir/baseline``);
     ``suite``: default the baseline's suite, else the newest run's; ``last``: only the newest N runs.
     Raises :class:`BadRunError` when there is nothing to draw."""
-    from .compare import _label, run_median
 
     root = Path(results_dir)
     if not root.is_dir():
@@ -115,7 +115,7 @@ def load_history(results_dir: str | Path, baseline_dirs: Sequence[str | Path] | 
         for rec in run.ok:
             cid = str(rec["case_id"])
             medians.setdefault(cid, [None] * len(runs))[i] = run_median(rec)
-            labels[cid] = _label(rec)
+            labels[cid] = case_label(rec)
     cases = []
     for cid in sorted(medians):
         band = [m for m in (run_median(r) for b in baseline for r in b.ok if r.get("case_id") == cid)
@@ -127,10 +127,10 @@ def load_history(results_dir: str | Path, baseline_dirs: Sequence[str | Path] | 
 
 def plot_case(history: History, case: CaseHistory) -> str:
     """One case's run medians over the runs (a data: URI of a PNG)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: only a page with plots
+    from matplotlib.figure import Figure  # (heavy, imported when drawn)
 
-    from .plots import _finish, _to_uri
+    from .plots import finish_axes, figure_uri  # plots imports matplotlib
 
     fig = Figure(figsize=(9, 3.0), layout="constrained")
     FigureCanvasAgg(fig)
@@ -151,14 +151,12 @@ def plot_case(history: History, case: CaseHistory) -> str:
     ax.set_xticks(ticks, [history.commits[i] for i in ticks], rotation=45, ha="right", fontsize=7)
     ax.set_xlim(-0.5, n - 0.5)
     ax.set_title(f"{case.case_id}\n{case.label}", fontsize=9)
-    _finish(ax, "commit (runs oldest to newest)", "run median ms")
+    finish_axes(ax, "commit (runs oldest to newest)", "run median ms")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _to_uri(fig)
+    return figure_uri(fig)
 
 
 def write_history_html(history: History, out: str | Path) -> Path:
-    from .html import render_page
-
     for case in history.cases:
         case.plot_uri = plot_case(history, case)
     html = render_page("history.html", history=history, commits=history.commits,

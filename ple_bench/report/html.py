@@ -8,7 +8,7 @@ images inline) and opens from disk with no network.
 
 CLI: ``python -m ple_bench report RUN_DIR [--reports-dir DIR] [--history RUN_DIR ...]
 [--history-last N]`` through :func:`add_report_args` / :func:`run_report`; it also rewrites the
-run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.export`).
+run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.report.export`).
 """
 
 from __future__ import annotations
@@ -480,7 +480,7 @@ def build_trend(current: Run, history_dirs: Sequence[str | Path]) -> Trend | Non
                 values.append(rec[f"run{i}"])
         rec["change"] = (values[-1] / values[-2] - 1) * 100 if len(values) >= 2 and values[-2] else None
         rows.append({"status": "", "cells": [c.cell(rec) for c in columns]})
-    from .plots import plot_trend
+    from .plots import plot_trend  # plots imports matplotlib: only a page with plots
 
     return Trend(runs=ordered, plot=plot_trend(ordered, cases), columns=columns, rows=rows, skipped=skipped)
 
@@ -509,7 +509,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
                  history_dirs: Sequence[str | Path] | None = None) -> Path:
     """Write ``<reports_dir>/<run folder's name>/index.html`` for a stored run (:func:`report_dir`);
     returns its path."""
-    from .plots import make_plots
+    from .gallery import make_plots  # the plots import matplotlib: only a page with plots
 
     run = load_run(run_dir)
     records = _sorted_records(run.records)
@@ -627,9 +627,9 @@ def run_report(args: argparse.Namespace) -> int:
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
         return 2
-    from ..export import write_exports
 
     try:  # the run's summaries beside its records, as a run writes them
+        from .export import write_exports  # not at the top: `-m ple_bench.report.export` runs it as __main__
         write_exports(args.run_dir)
     except OSError as exc:
         print(f"ple_bench report: warning: summaries not written: {exc}", file=sys.stderr)

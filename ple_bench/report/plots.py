@@ -51,7 +51,7 @@ class Plot:
     full: "Plot | None" = None  # the same plot with every series, when the page's version leaves some out
 
 
-def _to_uri(fig: Figure, dpi: int = DPI) -> str:
+def figure_uri(fig: Figure, dpi: int = DPI) -> str:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
@@ -101,12 +101,12 @@ def _with_full(draw: Callable[[set[str] | None], tuple[Figure, int]], scores: di
     total = len(scores)
     if total <= MAX_LEGEND:
         fig, entries = draw(None)
-        return make(_to_uri(fig, PLOT_DPI), entries, total)
+        return make(figure_uri(fig, PLOT_DPI), entries, total)
     shown = _pick(scores, keep=keep)
     fig, entries = draw(set(shown))
-    plot = make(_to_uri(fig, PLOT_DPI), entries, total)
+    plot = make(figure_uri(fig, PLOT_DPI), entries, total)
     fig_full, entries_full = draw(None)
-    plot.full = make(_to_uri(fig_full, PLOT_DPI), entries_full, total)
+    plot.full = make(figure_uri(fig_full, PLOT_DPI), entries_full, total)
     plot.full.caption = full_note or f"All {total} series of the plot above."
     plot.caption += (f" Shown: the best configuration of each path ({entries} of {total} series; all of "
                      "them under “all series” below).")
@@ -173,7 +173,7 @@ def _has_sweep(records: Sequence[dict[str, Any]], x: str, y: str, series_axes: S
     return any(len(points(rs, x, y)) >= 2 for rs in sl.series.values())
 
 
-def _finish(ax: Any, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,
+def finish_axes(ax: Any, xlabel: str, ylabel: str, *, logx: bool = False, logy: bool = False,
             xbase: int = 10, bytes_x: bool = False) -> None:
     """Scales, labels and ticks: a log x axis is ticked at the x values drawn (the token counts or
     table sizes measured), a log y axis with plain numbers."""
@@ -314,7 +314,7 @@ def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | No
             h = heads.pop() if len(heads) == 1 else None
             ax.set_title(f"{int(tokens)} tokens" + (f" × {int(h)} heads" if h and h > 1 else ""), fontsize=10)
             xlabel = "table size (log scale)" if x == "table_bytes" else "row size (log scale)"
-            _finish(ax, xlabel, "GB/s (log scale)" if axes.index(ax) % ncols == 0 else "", logx=True, logy=True,
+            finish_axes(ax, xlabel, "GB/s (log scale)" if axes.index(ax) % ncols == 0 else "", logx=True, logy=True,
                     xbase=2, bytes_x=True)
             _row_ceiling_lines(ax, run, rs)
         return fig, _figure_legend(fig, axes)
@@ -365,7 +365,7 @@ def plot_latency_vs_tokens(run: Run, height: float = 4.6) -> Plot | None:
                 ax.errorbar(xs, ys, yerr=yerr, capsize=2, label=label, **style)
             else:
                 ax.plot(xs, ys, label=label, **style)
-        _finish(ax, "tokens per step (per DP rank, log scale)", "median latency (ms, log scale)",
+        finish_axes(ax, "tokens per step (per DP rank, log scale)", "median latency (ms, log scale)",
                 logx=True, logy=True, xbase=2)
         return fig, _figure_legend(fig, [ax])
 
@@ -532,7 +532,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
                         ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], label=label, **style)
             for ax, (y, label) in zip(axes, panels):
                 ax.set_title(titles[y], fontsize=10)
-                _finish(ax, "main-stream compute per step (µs)", label)
+                finish_axes(ax, "main-stream compute per step (µs)", label)
                 _data_ticks(ax.xaxis, [float(x) for ln in ax.get_lines() for x in ln.get_xdata()],
                             _plain_formatter, log=False)
                 if y == "overlap_efficiency":  # not clamped: below 0 when the prefetch slows the step
@@ -623,7 +623,7 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
                 ax.plot([p[0] for p in pts], [p[1] for p in pts],
                         label=label + (" (HBM-resident)" if res else ""), **style)
             ax.set_title(f"{fmt(cu)} µs of compute per step", fontsize=10)
-            _finish(ax, "tokens per step (log scale)", "step time (ms, log scale)", logx=True, logy=True, xbase=2)
+            finish_axes(ax, "tokens per step (log scale)", "step time (ms, log scale)", logx=True, logy=True, xbase=2)
         return fig, _figure_legend(fig, axes)
 
     caption = ("Median decode-step time per path configuration (path, prefetch, graph mode, where the ids are); "
@@ -664,7 +664,7 @@ def plot_topology(run: Run) -> Plot | None:
     ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(labels))], labels)
     ax.set_title("median lookup time per rank", fontsize=10)
     ax.margins(y=0.3)
-    _finish(ax, "topology (TP, ETP, DP)", "median time (ms)")
+    finish_axes(ax, "topology (TP, ETP, DP)", "median time (ms)")
     ax.legend(fontsize=8, loc="best")
     entries = len(series)
     if extra_keys:
@@ -681,38 +681,12 @@ def plot_topology(run: Run) -> Plot | None:
                        [f"{b[0]}\n{b[1]}" for b in bars], fontsize=7, rotation=30, ha="right")
         ax2.set_title("collective parts and spread between ranks", fontsize=10)
         ax2.margins(y=0.3)
-        _finish(ax2, "", "time (ms)")
+        finish_axes(ax2, "", "time (ms)")
         ax2.legend(fontsize=8, loc="best")
         entries += len(extra_keys)
     caption = "Multi-rank lookups against the single-GPU case with the same per-rank ids."
-    return Plot("topology", "Topology scaling", _caption(caption, sl.fixed_text()), _to_uri(fig, PLOT_DPI),
+    return Plot("topology", "Topology scaling", _caption(caption, sl.fixed_text()), figure_uri(fig, PLOT_DPI),
                 legend_entries=entries, series_total=len(series))
-
-
-def make_plots(run: Run) -> list[Plot]:
-    # imported here, not at the top: plots_traffic imports this module's Plot and constants
-    from .plots_traffic import plot_decoder, plot_traffic
-
-    makers: list[Callable[[], Plot | None]] = [
-        lambda: plot_bandwidth(run, "table_bytes"),
-        lambda: plot_bandwidth(run, "row_bytes"),
-        lambda: plot_latency_vs_tokens(run),
-        lambda: plot_topology(run),
-        lambda: plot_paths(run),
-        lambda: plot_step_overlap(run),
-        lambda: plot_step_vs_tokens(run),
-        lambda: plot_step_vs_tokens(run, scoped=False),
-        lambda: plot_traffic(run),
-        lambda: plot_decoder(run),
-    ]
-    out = []
-    for make in makers:
-        plot = make()
-        if isinstance(plot, list):
-            out += plot
-        elif plot is not None:
-            out.append(plot)
-    return out
 
 
 def plot_trend(runs: Sequence[Run], case_ids: Sequence[str], metric: str = "median_ms") -> Plot | None:
@@ -742,8 +716,8 @@ def plot_trend(runs: Sequence[Run], case_ids: Sequence[str], metric: str = "medi
     ax.axhline(100, color="0.5", linewidth=1)
     ax.set_xticks(range(len(runs)), [r.run_id for r in runs], rotation=25, ha="right", fontsize=7)
     fig.suptitle("Trend of key cases' median over runs")
-    _finish(ax, "run (oldest to newest)", f"{metric} as % of its first run")
+    finish_axes(ax, "run (oldest to newest)", f"{metric} as % of its first run")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return Plot("trend", "Trend", "Median time of each key case, relative to the oldest run in which it appears "
-                "(100% = unchanged; up is slower).", _to_uri(fig, PLOT_DPI), legend_entries=drawn,
+                "(100% = unchanged; up is slower).", figure_uri(fig, PLOT_DPI), legend_entries=drawn,
                 series_total=drawn)

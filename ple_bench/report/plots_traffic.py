@@ -2,7 +2,7 @@
 memory-bound decoder step does to the answer (:func:`plot_decoder`).  Each is drawn only when the
 run holds what it needs (real-text and synthetic ids measured at two or more token counts; decoder
 steps with a verdict at two or more token counts); the report shows them beside the others
-(:func:`ple_bench.report.plots.make_plots`).
+(:func:`ple_bench.report.gallery.make_plots`).
 
 ``python -m ple_bench.report.plots_traffic RUN_DIR --traffic PNG --decoder PNG`` writes them as
 files (the docs' figures: docs/traffic-h200.png, docs/decoder.png).

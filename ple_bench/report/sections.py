@@ -2,11 +2,11 @@
 
 Owns two comparisons:
 
-* **lookup paths** (issue 7): single-GPU lookups grouped by *workload* (every
+* **lookup paths**: single-GPU lookups grouped by *workload* (every
   case axis except the ones that pick the path: impl, kernel, cache_rows), one
   record per path (``impl · kernel``, see :func:`data.path_label`), with GB/s
   and rows/s as shares of the ceilings stored in ``meta.json``;
-* **decode-step overlap** (issues 4 and 8): ``kind=step`` records at the
+* **decode-step overlap**: ``kind=step`` records at the
   Qwen4Exp-like decode shape (fp8, dim 160, 16 heads) when the run has it,
   labelled by path, prefetch, graph mode, stream priority, grid share and
   SM limit.

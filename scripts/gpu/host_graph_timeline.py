@@ -29,7 +29,7 @@ import time
 import torch
 
 from ple_bench.backends import get_backend
-from ple_bench.step import DecodeStep, check_step
+from ple_bench.run.step import DecodeStep, check_step
 from ple_bench.workload import make_ids
 
 

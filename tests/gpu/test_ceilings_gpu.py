@@ -1,4 +1,4 @@
-"""GPU checks of the per-case ceilings (issue 13 item 3) and the repeat loop (issue 14 item 4):
+"""GPU checks of the per-case ceilings and the repeat loop:
 ``python -m pytest -m gpu tests/gpu`` on a GPU machine; skipped with the reason elsewhere.
 
 A lookup is held against the random-row ceiling of its own table, row size and id
@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy
 from ple_bench.measure.repeat import Stopwatch, repeat_timed
 from ple_bench.record import CEILING_SLACK_PCT
 from ple_bench.record import Peers
-from ple_bench.runner import derive_record
+from ple_bench.run.loop import derive_record
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ple_bench import record
-from ple_bench.case import Case
-from ple_bench.step import DecodeStep, check_step, run_step_case
+from ple_bench.spec.case import Case
+from ple_bench.run.step import DecodeStep, check_step, run_step_case
 from tests.gpu.test_graphs_gpu import DIM, DEV, HEADS, TOKENS, make_backend, random_ids
 
 pytestmark = pytest.mark.gpu

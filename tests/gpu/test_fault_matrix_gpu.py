@@ -1,4 +1,4 @@
-"""Fault isolation on a CUDA GPU (issue 14.2): one run of ``python -m ple_bench run`` over a
+"""Fault isolation on a CUDA GPU: one run of ``python -m ple_bench run`` over a
 generated suite whose faults sit between good cases: a device table larger than HBM and a pinned
 table larger than host memory (both skipped with the numbers, never allocated), a plug-in
 backend whose kernel writes to an illegal address (failed with the CUDA error; its worker's context
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ple_bench import results
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 from tests._fault_matrix import Step, check_records, planned_order, write_suite
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,7 @@ TIMEOUT_S = 20  # a good case takes a few seconds (tiny table, short timing poli
 
 
 def _steps() -> list[Step]:
-    from ple_bench.executor import host_memory_bytes
+    from ple_bench.run.executor import host_memory_bytes
 
     hbm = torch.cuda.get_device_properties(0).total_memory
     host = host_memory_bytes()

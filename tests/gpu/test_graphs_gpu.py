@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.case import Case
-from ple_bench.graphs import BreakableGraph, eager_break
-from ple_bench.step import DecodeStep, check_step, run_step_case
+from ple_bench.spec.case import Case
+from ple_bench.run.graphs import BreakableGraph, eager_break
+from ple_bench.run.step import DecodeStep, check_step, run_step_case
 
 pytestmark = pytest.mark.gpu
 

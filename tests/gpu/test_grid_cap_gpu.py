@@ -20,7 +20,7 @@ import types
 import pytest
 import torch
 
-from ple_bench import executor
+from ple_bench.run import executor
 from ple_bench.backends import fast_kernels, get_backend, synthetic_rows
 from tests.gpu._helpers import event_ms
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.step import DecodeStep, StepMismatch, check_step
+from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 
 pytestmark = pytest.mark.gpu
 

@@ -1,5 +1,5 @@
-"""GPU checks of the host-offload paths, the host-sync timer and graph replays (issues 12, 13.5,
-15): ``python -m pytest -m gpu tests/gpu`` on a GPU machine; skipped with the reason elsewhere.
+"""GPU checks of the host-offload paths, the host-sync timer and graph replays:
+``python -m pytest -m gpu tests/gpu`` on a GPU machine; skipped with the reason elsewhere.
 
 Each test compares against values recomputed from the ids (``synthetic_rows``), byte for byte."""
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.case import Case
-from ple_bench.executor import CaseExecutor
+from ple_bench.spec.case import Case
+from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy, capture_graph, measure, measure_graph
-from ple_bench.step import DecodeStep, check_step
+from ple_bench.run.step import DecodeStep, check_step
 
 pytestmark = pytest.mark.gpu
 

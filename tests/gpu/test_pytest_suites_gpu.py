@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ple_bench.suite import load_suite
+from ple_bench.spec.suite import load_suite
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -63,8 +63,8 @@ def test_smoke_suite_as_benchmarks_on_the_gpu(tmp_path):
     # A synchronized call on the host clock cannot take less than the GPU time of the same
     # call. The bound is against the engine's GPU time of the case: its CUDA-event median, or,
     # where the engine timed host_sync, the median of the CUDA events it recorded around those
-    # same calls (engine_event_median_ms); 0.8 allows for run-to-run noise. Session 5 held
-    # host_sync cases against the engine's host-clock median instead: two host clocks around
+    # same calls (engine_event_median_ms); 0.8 allows for run-to-run noise. Host_sync cases are not
+    # held against the engine's host-clock median: two host clocks around
     # synchronized 30-80 us host-bound calls in different loops came out 0.5-0.8 apart on the
     # H200, which says nothing about whether the timer waits.
     too_fast = {}

@@ -10,12 +10,12 @@
 // those hosts. On a lent H200 host the loop (64 rows a task) took 72-89 % of
 // index_select's time at 1-64 K rows of a 32 GiB table, timed interleaved; software
 // prefetching a few rows ahead gained nothing there and is not done
-// (scripts/gpu/host_gather_paired.py, docs/lookup-paths.md, session 6). ``configure``
+// (docs/lookup-paths.md). ``configure``
 // picks the loop's rows per task, or index_select (grain 0), for A/B studies.
 //
 // Errors are returned, never thrown: on the lent H200 image (g++ 13, torch 2.11) any
 // exception thrown from this module's own code -- a failed TORCH_CHECK or one thrown
-// here -- crashed the process with a segfault (session 6, scripts/gpu/segv_repro.py),
+// here -- crashed the process with a segfault,
 // while the same errors raised inside libtorch (index_select's) reached Python. A call
 // that fails returns its failure value (rows: -1, lookup: an undefined tensor, i.e.
 // None; set_staging / wait: false) and ``error()`` says why, as (kind, message) with

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..units import DTYPE_BYTES
+
 KINDS = ("lookup", "step")
 GRAPH_MODES = ("eager", "breakable", "full")
 #: where a case's ids live when the lookup (or step) starts: produced on the GPU,
@@ -68,11 +70,7 @@ class Case:
 
     @property
     def row_bytes(self) -> int:
-        from .backends.formats import DTYPES
-
-        import torch
-
-        return self.dim * torch.empty((), dtype=DTYPES[self.dtype]).element_size()
+        return self.dim * DTYPE_BYTES[self.dtype]
 
     @property
     def table_bytes(self) -> int:

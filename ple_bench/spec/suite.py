@@ -35,7 +35,7 @@ A suite is a TOML file ``suites/<name>.toml``::
     exclude = [{impl = "device", prefetch = "on"}]                       # optional
     constraints = ["etp % tp == 0", "num_tokens * num_heads <= 65536"]  # optional
 
-Axes are exactly the fields of :class:`ple_bench.case.Case` (kind, impl, kernel,
+Axes are exactly the fields of :class:`ple_bench.spec.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
 seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
 gather_threads, host_alloc, compute, decoder_shape, decoder_layers, context_len), plus
@@ -104,14 +104,10 @@ problem raises :class:`SuiteError` with one message naming the file, the place
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import itertools
-import json
 import math
-import operator
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -124,19 +120,19 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:  # pragma: no cover
         tomllib = None  # type: ignore[assignment]
 
-from .case import (COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case,
-                   with_baselines)
-from .compute import DECODER_SHAPES
-from .parallel import Topology, TopologyError
-from . import workload
+from .. import workload
+from ..compute import DECODER_SHAPES
+from ..parallel import Topology, TopologyError
+from ..units import DTYPE_BYTES, BadValue
+from .axes import AXES, PRODUCT_ORDER, PSEUDO_AXES, STEP_ONLY_AXES, TIMING, extra_value
+from .case import DECODER_AXES, Case, with_baselines
+from .constraints import Constraint, brief
+from .expand import expand
 
 SUITES_ENV = "PLE_BENCH_SUITES_DIR"
-REPO_SUITES_DIR = Path(__file__).resolve().parents[1] / "suites"
+REPO_SUITES_DIR = Path(__file__).resolve().parents[2] / "suites"
 
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-STEP_ONLY_AXES = ("compute_us", "hidden", "compute") + DECODER_AXES
 MAX_GROUP_PRODUCT = 200_000
-MAX_RANGE_VALUES = 10_000
 
 
 class SuiteError(ValueError):
@@ -222,481 +218,9 @@ def list_suites() -> list[Suite]:
     return [load_suite(p) for _, p in sorted(_suite_files().items())]
 
 
-# ------------------------------------------------------------------ output helpers
-def case_json(case: Case) -> dict[str, Any]:
-    return {"case_id": case.case_id, **case.axes()}
-
-
-def human_bytes(n: int) -> str:
-    """Approximate size for display: a table of ``bytes // row_bytes`` rows a few bytes
-    short of 1 GiB still shows as "1 GiB"."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 0.999 * (1 << shift):
-            return f"{n / (1 << shift):.3g} {unit}"
-    return f"{n} B"
-
-
-def format_cases(cases: list[Case]) -> str:
-    """An aligned table: one row per case; axes equal in every case are listed once above it."""
-    if not cases:
-        return "(no cases)"
-    names = [f.name for f in dataclasses.fields(Case)]
-    rows = [case_json(c) for c in cases]
-    defaults = case_json(Case())
-
-    def key(v: Any) -> str:
-        return json.dumps(v, sort_keys=True, default=str)
-
-    varying = [n for n in names if len({key(r[n]) for r in rows}) > 1]
-    common = [n for n in names if n not in varying and key(rows[0][n]) != key(defaults[n])]
-    header = ["#", "case_id"] + varying + ["table"]
-    body = [
-        [str(i), r["case_id"]] + [_cell(r[n]) for n in varying] + [human_bytes(_table_bytes(c))]
-        for i, (r, c) in enumerate(zip(rows, cases), 1)
-    ]
-    widths = [max(len(row[j]) for row in [header] + body) for j in range(len(header))]
-    numeric = [all(_is_number(row[j]) for row in body) for j in range(len(header))]
-
-    def line(row: list[str]) -> str:
-        cells = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric)]
-        return "  ".join(cells).rstrip()
-
-    out = []
-    if common:
-        out.append("common: " + " ".join(f"{n}={_cell(rows[0][n])}" for n in common))
-    out += [line(header), line(["-" * w for w in widths])]
-    out += [line(row) for row in body]
-    out.append(f"{len(cases)} case{'s' if len(cases) != 1 else ''}")
-    return "\n".join(out)
-
-
-def format_cases_narrow(suite: "Suite", width: int = 100) -> str:
-    """``list --suite S``: the cases by group, each group headed by the axes that vary in it;
-    a case on one line: its number (as in :func:`format_cases`), its table size (in the group's
-    head when one size serves the group) and ``case_id``, which spells the axes that differ from
-    their defaults."""
-    import textwrap
-
-    if not suite.cases:
-        return "(no cases)"
-    number = {c.case_id: i for i, c in enumerate(suite.cases, 1)}
-    by_id = {c.case_id: c for c in suite.cases}
-    groups = [(g.name, [by_id[cid] for cid in g.case_ids if cid in by_id]) for g in suite.groups]
-    grouped = {cid for _, cases in groups for cid in (c.case_id for c in cases)}
-    rest = [c for c in suite.cases if c.case_id not in grouped]
-    if rest:
-        groups.append(("(other)", rest))
-    names = [f.name for f in dataclasses.fields(Case)]
-    digits = len(str(len(suite.cases)))
-    out = []
-    for name, cases in groups:
-        if not cases:
-            continue
-        rows = [case_json(c) for c in cases]
-        varying = [n for n in names if len({json.dumps(r[n], sort_keys=True, default=str) for r in rows}) > 1]
-        sizes = {human_bytes(_table_bytes(c)) for c in cases}
-        head = f"[{name}] {len(cases)} case{'s' if len(cases) != 1 else ''}" + (
-            f", table {next(iter(sizes))}" if len(sizes) == 1 else "") + (
-            ", varying " + ", ".join(varying) if varying else "")
-        out += textwrap.wrap(head, width, subsequent_indent="    ")
-        size_width = max(map(len, sizes))
-        out += [f"{number[c.case_id]:>{digits}}  " + (f"{human_bytes(_table_bytes(c)):>{size_width}}  "
-                                                       if len(sizes) > 1 else "") + c.case_id for c in cases]
-    out.append(f"{len(suite.cases)} case{'s' if len(suite.cases) != 1 else ''} (--wide: every axis as a column)")
-    return "\n".join(out)
-
-
-def _table_bytes(case: Case) -> int:
-    return case.vocab_size * case.dim * DTYPE_BYTES[case.dtype]
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, dict):
-        return ",".join(f"{k}={x}" for k, x in sorted(v.items())) or "-"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return str(v) if v != "" else "-"
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
-
-
-# ------------------------------------------------------------------ value parsing
-class _Bad(Exception):
-    """A bad value; the parser adds file and place."""
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from an integer or a string like "64MiB", "1.5 GiB", "8GB"."""
-    if isinstance(value, bool):
-        raise _Bad(f"{value!r} is not a size")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
-        n = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()]
-        if n != int(n):
-            raise _Bad(f"size {value!r} is not a whole number of bytes")
-        n = int(n)
-    else:
-        raise _Bad(f"{value!r} is not a size; allowed: a positive integer or a string like '64MiB', '32GiB'")
-    if n < 1:
-        raise _Bad(f"size {value!r} must be positive")
-    return n
-
-
-def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
-    def conv(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise _Bad(f"{v!r} is not an integer")
-        if lo is not None and v < lo:
-            raise _Bad(f"{v!r} must be >= {lo}")
-        if hi is not None and v > hi:
-            raise _Bad(f"{v!r} must be <= {hi}")
-        return v
-
-    return conv
-
-
-def _float(lo: float, hi: float | None = None, lo_open: bool = False) -> Callable[[Any], float]:
-    def conv(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise _Bad(f"{v!r} is not a number")
-        if v < lo or (lo_open and v == lo):
-            raise _Bad(f"{v!r} must be {'>' if lo_open else '>='} {lo:g}")
-        if hi is not None and v > hi:
-            raise _Bad(f"{v!r} must be <= {hi:g}")
-        return float(v)
-
-    return conv
-
-
-def _choice(allowed: tuple[str, ...], what: str) -> Callable[[Any], str]:
-    def conv(v: Any) -> str:
-        if v not in allowed:
-            raise _Bad(f"unknown {what} {v!r}; allowed: {', '.join(allowed)}")
-        return v
-
-    return conv
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str):
-        raise _Bad(f"{v!r} is not a string")
-    return v
-
-
-def _prefetch(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("on", "off"):
-        return v.lower() == "on"
-    raise _Bad(f"{v!r} is not a prefetch setting; allowed: true, false, 'on', 'off'")
-
-
-def _ids(v: Any) -> str:
-    try:
-        return workload.parse_ids_spec(v).canonical
-    except ValueError as exc:
-        raise _Bad(str(exc)) from None
-
-
-_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
-
-
-def _impl(v: Any) -> str:
-    from .backends.registry import backend_names
-
-    names = backend_names()
-    if isinstance(v, str) and v in names:
-        return v
-    if isinstance(v, str) and _IMPORT_PATH.match(v):
-        _check_import_path(v)
-        return v
-    raise _Bad(f"unknown impl {v!r}; allowed: {', '.join(names)} or an import path 'package.module:Class'")
-
-
-def _check_import_path(path: str) -> None:
-    """Import ``package.module:Class`` now: a plug-in backend that does not import, or is not a
-    ``PLEEmbedding`` subclass, is a bad suite (exit 2), not a case skipped at run time."""
-    from .backends.registry import get_backend
-
-    try:
-        get_backend(path)
-    except Exception as exc:  # noqa: BLE001  (a module may raise anything while importing)
-        why = " ".join(str(exc).split()) or type(exc).__name__
-        raise _Bad(f"impl {path!r} does not load as a backend: {why}") from None
-
-
-def _kernel(v: Any) -> str:
-    from .backends.kernels import kernel_names
-
-    names = kernel_names()
-    if v == "" or v in names:
-        return v
-    raise _Bad(f"unknown kernel {v!r}; allowed: '' (the backend's default), {', '.join(names)}")
-
-
-def _extra_value(v: Any) -> Any:
-    if isinstance(v, (str, int, float, bool)):
-        return v
-    raise _Bad(f"{v!r} is not a scalar; extra axes take strings, numbers or booleans")
-
-
-AXES: dict[str, Callable[[Any], Any]] = {
-    "kind": _choice(KINDS, "kind"),
-    "impl": _impl,
-    "kernel": _kernel,
-    "vocab_size": _int(1),
-    "dim": _int(1),
-    "dtype": _choice(tuple(DTYPE_BYTES), "dtype"),
-    "num_heads": _int(1),
-    "num_tokens": _int(1),
-    "tp": _int(1),
-    "etp": _int(1),
-    "dp": _int(1),
-    "prefetch": _prefetch,
-    "graph": _choice(GRAPH_MODES, "graph mode"),
-    "ids": _ids,
-    "seed": _int(0),
-    "compute_us": _float(0.0),
-    "hidden": _int(1),
-    "stream_priority": _int(hi=0),
-    "grid_frac": _float(0.0, 1.0, lo_open=True),
-    "sm_limit": _int(0),
-    "cache_rows": _int(0),
-    "ids_on": _choice(IDS_ON, "ids_on"),
-    "gather_threads": _int(0, 256),
-    "host_alloc": _choice(HOST_ALLOC_MODES, "host_alloc"),
-    "compute": _choice(COMPUTE_KINDS, "compute"),
-    "decoder_shape": _choice(tuple(DECODER_SHAPES), "decoder_shape"),
-    "decoder_layers": _int(1),
-    "context_len": _int(1),
-}
-# Pseudo-axis: a table size, turned into vocab_size = table_bytes // row_bytes.
-PSEUDO_AXES: dict[str, Callable[[Any], Any]] = {"table_bytes": parse_size}
-assert set(AXES) | {"extra"} == {f.name for f in dataclasses.fields(Case)}, "AXES out of date with Case"
-
-# Table-defining axes vary slowest, so cases that share a table are adjacent.
-_PRODUCT_ORDER = ["impl", "tp", "etp", "dp", "seed", "dtype", "dim", "vocab_size", "table_bytes",
-                  "num_heads", "kernel", "cache_rows", "host_alloc", "kind"]
-_PRODUCT_ORDER += [a for a in AXES if a not in _PRODUCT_ORDER]
-
 GROUP_META_KEYS = ("name", "description", "tags", "variants", "exclude", "constraints")
 SUITE_KEYS = ("description", "notes", "gpu_only", "functional_fallback", "timing")
 TOP_KEYS = ("suite", "defaults", "group")
-
-TIMING: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "warmup_ms": (_float(0.0), "a number >= 0"),
-    "min_samples": (_int(1), "an integer >= 1"),
-    "max_samples": (_int(1), "an integer >= 1"),
-    "min_time_s": (_float(0.0), "a number >= 0"),
-    "max_time_s": (_float(0.0, lo_open=True), "a number > 0"),
-    "max_noise": (_float(0.0), "a number >= 0"),
-    "cold_l2": (lambda v: _bool(v), "true or false"),
-    "hot": (lambda v: _bool(v), "true or false"),
-    "graph": (lambda v: _bool(v), "true or false"),
-    "throttle_threshold": (_float(0.0, 1.0), "a number in [0, 1]"),
-    "id_sets": (_int(1), "an integer >= 1"),
-    "remeasure_unstable": (lambda v: _bool(v), "true or false"),
-}
-# The same keys as ple_bench.measure.TimingPolicy (tests/test_suite.py keeps them in step).
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise _Bad(f"{v!r} is not a boolean")
-    return v
-
-
-def _range_values(spec: dict[str, Any], conv: Callable[[Any], Any]) -> list[Any]:
-    """Values of a range table (inclusive stop)."""
-    keys = set(spec)
-    if keys == {"pow2"}:
-        bounds = spec["pow2"]
-        if (
-            not isinstance(bounds, list) or len(bounds) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 62 for b in bounds)
-            or bounds[0] > bounds[1]
-        ):
-            raise _Bad(f"bad range {spec!r}: pow2 takes [lo, hi], integers 0 <= lo <= hi <= 62")
-        return [1 << e for e in range(bounds[0], bounds[1] + 1)]
-    if keys not in ({"start", "stop", "mul"}, {"start", "stop", "step"}):
-        raise _Bad(
-            f"bad range {spec!r}; allowed range tables: {{start, stop, mul}}, {{start, stop, step}}, "
-            "{pow2 = [lo, hi]} (stop is inclusive)"
-        )
-    start, stop = conv(spec["start"]), conv(spec["stop"])
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (start, stop)):
-        raise _Bad(f"bad range {spec!r}: start and stop must be numbers")
-    if start > stop:
-        raise _Bad(f"bad range {spec!r}: start > stop")
-    is_int = isinstance(start, int) and isinstance(stop, int)
-    values: list[Any] = []
-    if "mul" in spec:
-        mul = spec["mul"]
-        if isinstance(mul, bool) or not isinstance(mul, (int, float)) or mul <= 1 or start <= 0:
-            raise _Bad(f"bad range {spec!r}: mul must be a number > 1 and start > 0")
-        is_int = is_int and isinstance(mul, int)
-        x = start
-        while x <= stop * (1 + 1e-12):
-            values.append(x)
-            if len(values) > MAX_RANGE_VALUES:
-                break
-            x = x * mul
-    else:
-        step = spec["step"]
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
-            raise _Bad(f"bad range {spec!r}: step must be a number > 0")
-        is_int = is_int and isinstance(step, int)
-        count = int(math.floor((stop - start) / step + 1e-9)) + 1
-        if count > MAX_RANGE_VALUES:
-            raise _Bad(f"bad range {spec!r}: more than {MAX_RANGE_VALUES} values")
-        values = [start + i * step for i in range(count)]
-    if len(values) > MAX_RANGE_VALUES:
-        raise _Bad(f"bad range {spec!r}: more than {MAX_RANGE_VALUES} values")
-    if not is_int:
-        values = [round(float(v), 12) for v in values]
-    return values
-
-
-def _expand(value: Any, conv: Callable[[Any], Any]) -> list[Any]:
-    """All normalised values of one axis entry (scalar, list, or range table)."""
-    items = value if isinstance(value, list) else [value]
-    out: list[Any] = []
-    for item in items:
-        if isinstance(item, dict):
-            raw = _range_values(item, conv)
-        elif isinstance(item, list):
-            raise _Bad(f"nested list {item!r}; an axis takes a scalar, a list of scalars or range tables")
-        else:
-            raw = [item]
-        for v in raw:
-            v = conv(v)
-            if v not in out:
-                out.append(v)
-    if not out:
-        raise _Bad("empty list: an axis needs at least one value")
-    return out
-
-
-# ------------------------------------------------------------------ constraints
-def _valid_topology(env: dict[str, Any]) -> bool:
-    try:
-        Topology(env["tp"], env["etp"], env["dp"])
-        return True
-    except TopologyError:
-        return False
-
-
-def _ngram_heads(env: dict[str, Any]) -> bool:
-    try:
-        workload.check_ngram_heads(env["ids"], env["num_heads"])
-        return True
-    except ValueError:
-        return False
-
-
-NAMED_CONSTRAINTS: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "valid_topology": _valid_topology,
-    "ngram_heads": _ngram_heads,
-}
-CONSTRAINT_NAMES = sorted(set(AXES) | {"world_size", "replicas", "row_bytes", "table_bytes", "num_ids"})
-
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-           ast.Pow: operator.pow}
-_CMPOPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-           ast.Gt: operator.gt, ast.GtE: operator.ge,
-           ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
-_LITERAL_NAMES = {"true": True, "false": False, "True": True, "False": False}
-
-
-class Constraint:
-    """A named constraint or a parsed expression, evaluated on a case's axes."""
-
-    def __init__(self, text: str):
-        if not isinstance(text, str):
-            raise _Bad(f"{text!r} is not a string")
-        self.text = text
-        self.named = NAMED_CONSTRAINTS.get(text.strip())
-        if self.named is None:
-            try:
-                self.tree = ast.parse(text.strip(), mode="eval").body
-            except SyntaxError:
-                raise _Bad(f"cannot parse constraint {text!r}; {self.help()}") from None
-            self._check(self.tree)
-
-    @staticmethod
-    def help() -> str:
-        return (
-            f"allowed: a named constraint ({', '.join(NAMED_CONSTRAINTS)}) or an expression over "
-            f"{', '.join(CONSTRAINT_NAMES)} with literals, + - * / // % **, comparisons, in, and/or/not"
-        )
-
-    def _check(self, node: ast.AST) -> None:
-        ok = (ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd, ast.BinOp,
-              ast.Compare, ast.Name, ast.Load, ast.Constant, ast.List, ast.Tuple,
-              *_BINOPS, *_CMPOPS)
-        for sub in ast.walk(node):
-            if not isinstance(sub, ok):
-                raise _Bad(f"constraint {self.text!r}: {type(sub).__name__} is not allowed; {self.help()}")
-            if isinstance(sub, ast.Name) and sub.id not in CONSTRAINT_NAMES and sub.id not in _LITERAL_NAMES:
-                raise _Bad(f"constraint {self.text!r}: unknown name {sub.id!r}; {self.help()}")
-            if isinstance(sub, ast.Constant) and not isinstance(sub.value, (int, float, str)):
-                raise _Bad(f"constraint {self.text!r}: literal {sub.value!r} is not allowed; {self.help()}")
-
-    def __call__(self, env: dict[str, Any]) -> bool:
-        if self.named is not None:
-            return self.named(env)
-        try:
-            return bool(self._eval(self.tree, env))
-        except (ZeroDivisionError, TypeError, OverflowError) as exc:
-            raise _Bad(f"constraint {self.text!r} failed on {_brief(env)}: {exc}") from None
-
-    def _eval(self, node: ast.AST, env: dict[str, Any]) -> Any:
-        if isinstance(node, ast.Constant):
-            return node.value
-        if isinstance(node, ast.Name):
-            return _LITERAL_NAMES[node.id] if node.id in _LITERAL_NAMES else env[node.id]
-        if isinstance(node, (ast.List, ast.Tuple)):
-            return [self._eval(e, env) for e in node.elts]
-        if isinstance(node, ast.BoolOp):
-            values = (self._eval(v, env) for v in node.values)
-            return all(values) if isinstance(node.op, ast.And) else any(values)
-        if isinstance(node, ast.UnaryOp):
-            v = self._eval(node.operand, env)
-            return {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos}[type(node.op)](v)
-        if isinstance(node, ast.BinOp):
-            left, right = self._eval(node.left, env), self._eval(node.right, env)
-            if isinstance(node.op, ast.Pow) and (not isinstance(right, int) or abs(right) > 64):
-                raise OverflowError("exponent must be an integer with |exponent| <= 64")
-            return _BINOPS[type(node.op)](left, right)
-        if isinstance(node, ast.Compare):
-            left = self._eval(node.left, env)
-            for op, comp in zip(node.ops, node.comparators):
-                right = self._eval(comp, env)
-                if not _CMPOPS[type(op)](left, right):
-                    return False
-                left = right
-            return True
-        raise TypeError(f"unsupported expression {type(node).__name__}")  # unreachable after _check
-
-
-def _brief(axes: dict[str, Any]) -> str:
-    keys = ("kind", "impl", "dtype", "dim", "vocab_size", "num_heads", "num_tokens", "tp", "etp", "dp", "ids")
-    return "{" + ", ".join(f"{k}={axes[k]!r}" for k in keys if k in axes) + "}"
 
 
 # ------------------------------------------------------------------ the parser
@@ -780,7 +304,7 @@ class _SuiteParser:
             conv, allowed = TIMING[key]
             try:
                 out[key] = conv(value)
-            except _Bad:
+            except BadValue:
                 raise self.fail(where, f"key {key!r}: {value!r}; allowed: {allowed}") from None
         for lo, hi in (("min_samples", "max_samples"), ("min_time_s", "max_time_s")):
             if lo in out and hi in out and out[hi] < out[lo]:
@@ -797,7 +321,7 @@ class _SuiteParser:
                 if not isinstance(value, dict):
                     raise self.fail(where, "key 'extra': must be a table of plug-in axes, e.g. extra.block = [64, 128]")
                 for sub, subvalue in value.items():
-                    out[f"extra.{sub}"] = self._expand(subvalue, _extra_value, where, f"extra.{sub}")
+                    out[f"extra.{sub}"] = self._expand(subvalue, extra_value, where, f"extra.{sub}")
                 continue
             conv = AXES.get(key) or PSEUDO_AXES.get(key)
             if conv is None:
@@ -812,8 +336,8 @@ class _SuiteParser:
 
     def _expand(self, value: Any, conv: Callable[[Any], Any], where: str, key: str) -> list[Any]:
         try:
-            return _expand(value, conv)
-        except _Bad as exc:
+            return expand(value, conv)
+        except BadValue as exc:
             raise self.fail(where, f"key {key!r}: {exc}") from None
 
     def _group(self, index: int, raw: Any, default_axes: dict[str, list[Any]]) -> tuple[SuiteGroup, list[Case]]:
@@ -843,7 +367,7 @@ class _SuiteParser:
         excludes = self._excludes(raw.get("exclude", []), where)
         constraints = self._constraints(raw.get("constraints", []), where)
 
-        order = sorted(axes, key=lambda k: _PRODUCT_ORDER.index(k) if k in _PRODUCT_ORDER else len(_PRODUCT_ORDER))
+        order = sorted(axes, key=lambda k: PRODUCT_ORDER.index(k) if k in PRODUCT_ORDER else len(PRODUCT_ORDER))
         total = len(variants) * math.prod(len(axes[k]) for k in order)
         if total > MAX_GROUP_PRODUCT:
             raise self.fail(where, f"the product of the axes has {total} cases; allowed: at most {MAX_GROUP_PRODUCT}")
@@ -894,7 +418,7 @@ class _SuiteParser:
         for i, text in enumerate(raw, 1):
             try:
                 out.append(Constraint(text))
-            except _Bad as exc:
+            except BadValue as exc:
                 raise self.fail(where, f"constraints[{i}]: {exc}") from None
         return out
 
@@ -936,7 +460,7 @@ class _SuiteParser:
             try:
                 if not constraint(env):
                     return None
-            except _Bad as exc:
+            except BadValue as exc:
                 raise self.fail(where, f"key 'constraints': {exc}") from None
         self._validate(full, where)
         return Case.from_axes(dict(axes, extra=extra))
@@ -950,7 +474,7 @@ class _SuiteParser:
         return env[key] in values
 
     def _validate(self, axes: dict[str, Any], where: str) -> None:
-        case = _brief(axes)
+        case = brief(axes)
         try:
             Topology(axes["tp"], axes["etp"], axes["dp"])
         except TopologyError as exc:

@@ -24,7 +24,7 @@ it is a pinned host tensor, refilled by the host once the previous step has
 finished (a server's scheduler knows the next step's ids on the host): kernel
 paths copy the ids to the device themselves, host paths gather at once.
 
-Graph modes (:mod:`ple_bench.graphs`): ``eager``; ``breakable`` -- the backend
+Graph modes (:mod:`ple_bench.run.graphs`): ``eager``; ``breakable`` -- the backend
 calls (start_prefetch, finalize, lookup) are eager breaks, replayed with this
 step's static id buffer and a DP-count list that :meth:`DecodeStep.set_inputs`
 updates in place; ``full`` -- the whole step is one graph, possible only where
@@ -42,7 +42,6 @@ returns its record fields (see its docstring).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -50,15 +49,17 @@ import statistics
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
-from .annotate import annotate
-from .case import has_compute
-from .env import CALIBRATION_ENV, resolve_device
-from .backends.synthetic import synthetic_rows
-from .compute import COMPUTE_KINDS, DecoderCompute
-from .compute import decoder_shape as decoder_shape_of
-from .graphs import MODES, BreakableGraph, eager_break
-from .measure.repeat import Stopwatch, repeat_timed
+from ..annotate import annotate
+from ..backends.synthetic import synthetic_rows
+from ..compute import COMPUTE_KINDS, DecoderCompute, decoder_shape as decoder_shape_of
+from ..env import CALIBRATION_ENV, resolve_device
+from ..measure.fields import lockstep, sm_limit_fields
+from ..measure.repeat import Stopwatch, repeat_timed
+from ..record import FIELDS
+from ..spec.case import has_compute
+from .graphs import BreakableGraph, MODES, eager_break
 
 #: the weights of the compute ring together exceed this (several times the L2)
 RING_BYTES = 256 << 20
@@ -478,7 +479,6 @@ def read_run_calibration() -> dict[str, list]:
 
 def write_run_calibration(key: str, value: tuple[int, float]) -> None:
     """Add one calibration to the run's file (rank 0 only; atomically: a crash leaves the old file)."""
-    dist = torch.distributed
     path = os.environ.get(CALIBRATION_ENV)
     if not path or (dist.is_available() and dist.is_initialized() and dist.get_rank() != 0):
         return
@@ -491,8 +491,6 @@ def write_run_calibration(key: str, value: tuple[int, float]) -> None:
 
 
 def _agree_max(value: int, device: torch.device) -> int:
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return value
     t = torch.tensor([value], dtype=torch.int64,
@@ -582,30 +580,11 @@ def _id_sets(ids) -> list[torch.Tensor]:
     return sets
 
 
-def _lockstep(policy):
-    """Every rank must take the same number of samples when the timed function
-    holds a collective (the DP gather, the ETP reduce)."""
-    if not dataclasses.is_dataclass(policy):
-        return policy
-    names = {f.name for f in dataclasses.fields(policy)}
-    if not {"min_samples", "max_samples"} <= names:
-        return policy
-    n = max(policy.min_samples, min(policy.max_samples, 30))
-    changes: dict[str, Any] = {"min_samples": n, "max_samples": n}
-    for name, value in (("max_time_s", 1e9), ("min_time_s", 0.0), ("max_noise", 0.0), ("warmup_ms", 0.0),
-                        ("remeasure_unstable", False)):
-        if name in names:
-            changes[name] = value
-    return dataclasses.replace(policy, **changes)
-
-
 def _median(samples: Sequence[float]) -> float | None:
     return statistics.median(samples) if samples else None
 
 
 def _step_keys() -> tuple[str, ...]:
-    from .record import FIELDS
-
     return tuple(f.name for f in FIELDS if f.kinds == "step" and not f.derived and not f.legacy)
 
 
@@ -674,7 +653,7 @@ def run_step_case(
     if sm_limit:
         _apply_sm_limit(backend, sm_limit, case, device)
     if measure_fn is None:
-        from .measure import measure as measure_fn  # noqa: N813
+        from ..measure import measure as measure_fn  # noqa: N813
     ids_on = getattr(case, "ids_on", "device")
     if ids_on == "host":
         sets = [t.to("cpu") for t in _id_sets(ids)]
@@ -684,7 +663,7 @@ def run_step_case(
         sets = [t.to(backend.device) for t in _id_sets(ids)]
     counts = list(dp_token_counts) if dp_token_counts is not None else None
     multi = backend.topology.world_size > 1
-    pol = _lockstep(policy) if multi else policy
+    pol = lockstep(policy) if multi else policy
     host_sync = type(backend).blocks_host or ids_on == "host"
 
     decoder = getattr(case, "compute", "matmul") == "decoder"
@@ -701,9 +680,7 @@ def run_step_case(
         rec.update(step.compute_record())
     finally:
         step.close()
-    if sm_limit:
-        rec["sm_limit_granted"] = backend.sm_limit_granted
-        rec["green_via"] = backend.green_via
+    rec.update(sm_limit_fields(case, backend))
     rec["compute_slowdown_note"] = None
     computes = has_compute({"compute": getattr(case, "compute", "matmul"), "compute_us": case.compute_us})
     if type(backend).blocks_host and case.graph == "eager" and computes:

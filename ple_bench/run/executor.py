@@ -17,24 +17,26 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from .annotate import annotate
-from .backends import get_backend, host_alloc, synthetic_rows
-from .case import Case
-from .parallel import Groups, Topology
+from .. import measure as m, traces
+from ..annotate import annotate
+from ..backends import fast_kernels, get_backend, host_alloc, synthetic_rows
+from ..backends.kernels import get_kernel, kernel_names, takes_grid_cap
+from ..measure import ceilings as ceil, host_gather_ceiling
+from ..measure.ceilings import HOST_GATHER_ID_SETS
+from ..measure.fields import lockstep, measurement_fields, sm_limit_fields
+from ..parallel import Groups, Topology
+from ..spec.case import Case
+from ..traces import TraceUnavailable
+from ..workload import make_id_sets, make_ids, parse_ids_spec, warmup_ids
+from . import step as step_mod
+from .outcome import InvalidCase, SkipCase
 
 FP8_SCALE = 0.5
 TABLE_SEED_BASE = 1234
 RANDOM_ROW_SEED = 271_828  # the id sets of random-row ceilings (independent of every case's)
 _DP_SEED_STRIDE = 1_000_003
-
-
-class SkipCase(Exception):
-    """The case cannot run on this machine; the message is the reason."""
-
-
-class InvalidCase(Exception):
-    """The case computed a wrong result; it is recorded and never timed."""
 
 
 def host_memory_bytes() -> int:
@@ -58,11 +60,6 @@ def host_memory_bytes() -> int:
     except OSError:
         pass
     return min(limits) if limits else 1 << 40
-
-
-def pinned_alloc_bytes(nbytes: int) -> int:
-    """PyTorch's caching host allocator rounds pinned blocks up to a power of two."""
-    return host_alloc.host_table_bytes(nbytes, "torch")
 
 
 def host_memory_available_bytes() -> int:
@@ -104,6 +101,12 @@ class CaseExecutor:
         if topo not in self.groups_by_topology:
             self.groups_by_topology[topo] = Groups.build(topo)
         return self.groups_by_topology[topo]
+
+    def reset(self) -> None:
+        """Forget everything built for earlier cases: the table and this rank's process groups (after
+        the process groups were rebuilt, the old ones are gone)."""
+        self.release_table()
+        self.groups_by_topology.clear()
 
     def release_table(self) -> None:
         if self.table is not None:
@@ -254,9 +257,6 @@ class CaseExecutor:
 
     def warmup_ids_for(self, case: Case, topo: Topology) -> torch.Tensor:
         """Past traffic for a hot-row cache (``workload.warmup_ids``): never the measured ids."""
-        from .traces import TraceUnavailable
-        from .workload import warmup_ids
-
         try:
             ids = warmup_ids(case.ids, case.num_tokens, case.num_heads, case.vocab_size, seed=self._ids_seed(case, topo))
         except TraceUnavailable as exc:
@@ -309,9 +309,6 @@ class CaseExecutor:
     def id_sets_for(self, case: Case, topo: Topology, n: int) -> list[torch.Tensor]:
         """``n`` id sets of the case's workload (``workload.make_id_sets``: independent draws of a
         synthetic law, successive steps of real text's streams)."""
-        from .traces import TraceUnavailable
-        from .workload import make_id_sets
-
         try:
             sets = make_id_sets(case.ids, case.num_tokens, case.num_heads, case.vocab_size, n,
                                 seed=self._ids_seed(case, topo))
@@ -369,8 +366,6 @@ class CaseExecutor:
         self.check_output(case, backend, sets[0], fn())
 
     def _run_lookup(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
-        from . import measure as m
-
         if case.graph == "breakable":
             raise SkipCase("graph=breakable applies to kind=step cases (a lookup alone has no breaks)")
         id_sets = ids
@@ -381,7 +376,7 @@ class CaseExecutor:
         # before each sample as for the eager figure -- graph and eager time the same thing
         graph_fns = [self._lookup_fn(case, backend, s, counts) for s in id_sets]
         multi = topo.world_size > 1
-        pol = _lockstep(policy) if multi else policy
+        pol = lockstep(policy) if multi else policy
         host_sync = bool(type(backend).blocks_host)
         rec: dict[str, Any] = {}
         primary = None
@@ -414,7 +409,7 @@ class CaseExecutor:
         if graph_meas is not None:
             rec["graph_median_ms"] = graph_meas.stats()["median_ms"]
             rec["graph_samples_ms"] = graph_meas.samples_ms
-        rec.update(_measurement_fields(primary))
+        rec.update(measurement_fields(primary))
         if multi:
             rec.update(self._collective_costs(case, backend, ids, counts, pol))
             rec.update(_slowest_rank(rec))
@@ -440,8 +435,6 @@ class CaseExecutor:
         distribution over the shard's rows (``workload.make_ids``), timed as the case is."""
         if type(backend).reads_ids_on_host or backend.weight is None:
             return {}
-        from .measure import ceilings as ceil
-        from .workload import make_ids, parse_ids_spec
 
         cpu = self.device.type != "cuda"
         in_host = bool(type(backend).table_in_host_memory)
@@ -491,9 +484,6 @@ class CaseExecutor:
         :func:`ple_bench.measure.host_gather_ceiling`) and ``ms``'s share of it."""
         if not type(backend).gathers_on_host or backend.weight is None:
             return {}  # copy engines: held against the host->device copy ceiling (record.choose_ceiling)
-        from .measure import host_gather_ceiling
-        from .measure.ceilings import HOST_GATHER_ID_SETS
-        from .workload import make_ids, parse_ids_spec
 
         ids = parse_ids_spec(case.ids).canonical
         ident = (backend.table_bytes, rows, backend.row_bytes, ids)
@@ -536,8 +526,6 @@ class CaseExecutor:
         return out
 
     def _collective_costs(self, case, backend, ids, counts, pol) -> dict[str, Any]:
-        from . import measure as m
-
         out: dict[str, Any] = {}
         ids = backend.device_ids(ids)  # the collectives take device tensors
         slot = backend.slot_size(ids.shape[0], counts)
@@ -558,8 +546,6 @@ class CaseExecutor:
         return out
 
     def _run_step(self, case, backend, ids, counts, policy, topo) -> dict[str, Any]:
-        from . import step as step_mod
-
         id_sets = ids
         ids = id_sets[0]
         self._gate(case, backend, id_sets, counts)
@@ -591,14 +577,6 @@ class CaseExecutor:
         return rec
 
 
-def sm_limit_fields(case: Case, backend) -> dict[str, Any]:
-    """``sm_limit_granted`` (SMs the driver gave the side stream's green context) and
-    ``green_via`` (how it was made) for a case with ``sm_limit`` > 0; nothing otherwise."""
-    if not case.sm_limit:
-        return {}
-    return {"sm_limit_granted": backend.sm_limit_granted, "green_via": backend.green_via}
-
-
 @contextlib.contextmanager
 def _grid_cap(case: Case, backend):
     """``grid_frac`` < 1 caps the lookup's programs at that share of the SMs: the
@@ -608,12 +586,9 @@ def _grid_cap(case: Case, backend):
         yield
         return
     if not backend.supports_grid_cap:
-        from .backends.kernels import kernel_names, takes_grid_cap, get_kernel
-
         capped = tuple(k for k in kernel_names() if takes_grid_cap(get_kernel(k)))
         raise SkipCase(f"grid_frac={case.grid_frac} needs a kernel with a grid cap {capped}; "
                        f"{backend.kernel_name} launches one program per id")
-    from .backends import fast_kernels
 
     previous = backend.grid_cap
     backend.grid_cap = fast_kernels.max_programs_for_grid_frac(case.grid_frac, backend.device)
@@ -623,20 +598,9 @@ def _grid_cap(case: Case, backend):
         backend.grid_cap = previous
 
 
-def _lockstep(policy):
-    """Multi-rank measurements must take the same number of samples on every rank,
-    or a collective inside the timed function would wait forever."""
-    n = max(policy.min_samples, min(policy.max_samples, 30))
-    return replace(policy, min_samples=n, max_samples=n, max_time_s=1e9, min_time_s=0.0,
-                   max_noise=0.0, warmup_ms=0.0, remeasure_unstable=False)
-
-
 def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
     """What the traffic is: ``unique_rows_fraction`` from the ids looked up, and a real-text
     trace's provenance (``ids_trace``)."""
-    from . import traces
-    from .workload import parse_ids_spec
-
     fields: dict[str, Any] = {"unique_rows_fraction": traces.batch_traffic([s.cpu().numpy() for s in id_sets])}
     spec = parse_ids_spec(case.ids)
     if spec.kind == "text":
@@ -645,27 +609,8 @@ def _traffic_fields(case: Case, id_sets) -> dict[str, Any]:
     return fields
 
 
-def _measurement_fields(meas) -> dict[str, Any]:
-    stats = meas.stats()
-    out = {k: stats.get(k) for k in ("median_ms", "mean_ms", "min_ms", "max_ms", "p10_ms", "p90_ms",
-                                       "iqr_ms", "cv", "n_samples", "throttled_samples")}
-    out["samples_ms"] = list(meas.samples_ms)
-    out["samples_throttled"] = list(meas.throttled)
-    # host_sync: the CUDA events' time of the same calls (the schema's field; None for the other timers)
-    out["event_samples_ms"] = list(meas.event_samples_ms) if getattr(meas, "event_samples_ms", None) else None
-    out["timer"] = meas.timer
-    out["cold_l2"] = meas.cold_l2  # the L2 was flushed before every sample
-    clocks = [c for c in meas.sm_clock_mhz if c is not None]
-    out["sm_clock_mhz"] = sorted(clocks)[len(clocks) // 2] if clocks else None
-    out["stopped_by"] = meas.stopped_by
-    out["unstable"] = bool(getattr(meas, "unstable", False))
-    return out
-
-
 def _slowest_rank(rec: dict[str, Any]) -> dict[str, Any]:
     """Every rank measured; the case's time is the slowest rank's."""
-    import torch.distributed as dist
-
     mine = rec.get("median_ms") if rec.get("median_ms") is not None else rec.get("step_ms")
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (mine, rec.get("samples_ms"), rec.get("samples_throttled")))

@@ -1,5 +1,5 @@
 """The what-if half of ``advise``: every path the runs measured, priced by the model
-(:mod:`ple_bench.report.model`) at exactly the asked shape -- table size, tokens, compute, ETP
+(:mod:`ple_bench.advise.model`) at exactly the asked shape -- table size, tokens, compute, ETP
 group, nodes, host cores -- ranked, each number labelled *measured* (that very case was measured)
 or *predicted* (with its path's leave-one-out and extrapolation errors; marked *extrapolated*
 past the path's measured rows and *at a floor* where a floor raised it), each pinned row's overhead
@@ -9,7 +9,7 @@ compute at which the recommendation would flip ("what would change it")."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from .model import GIB, Model, PathFit, Point, path_id, path_label, predict
@@ -332,7 +332,6 @@ def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, 
         verdict = "No path fits the budgets."
     if w.etp > 1:
         verdict = f"ETP {w.etp}" + (f" over {w.nodes} nodes" if w.nodes > 1 else "") + ": " + verdict
-    from dataclasses import asdict
 
     return ModelAdvice(what_if=asdict(w), answers=answers, verdict=verdict,
                        what_would_change=what_would_change(model, tokens, compute_us, kw, compute_words),

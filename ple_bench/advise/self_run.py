@@ -18,6 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..env import gpu_available
+from ..measure import TimingPolicy
+from ..results import ensure_writable_dir
+from ..run.loop import RunOptions, run_suite
+from ..spec.suite import load_suite
+
 SUITE_TEMPLATE = """# written by `python -m ple_bench advise` for the asked shape
 [suite]
 description = "advise: the cases one answer needs ({shape})"
@@ -99,8 +105,6 @@ def functional_case_count(args: argparse.Namespace, tokens: list[int]) -> int:
 
 
 def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: bool, where: Path | None = None):
-    from ..suite import load_suite
-
     text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
                       compute_us=args.compute_us, gpu=gpu)
     path = (where or Path(tempfile.mkdtemp(prefix="ple_bench-advise-"))) / "advise.toml"
@@ -111,11 +115,6 @@ def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: b
 def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> list[str] | int:
     """Run the suite; the run folder to read, or the exit code when nothing can be ranked (a
     functional run: 0; interrupted: 130)."""
-    from ..env import gpu_available
-    from ..measure import TimingPolicy
-    from ..results import ensure_writable_dir
-    from ..runner import RunOptions, run_suite
-
     gpu = gpu_available()
     table = table_bytes if gpu else min(table_bytes, FUNCTIONAL_TABLE)
     text, suite = _write_suite(args, table, tokens, gpu)
@@ -129,8 +128,8 @@ def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> l
                 "and nothing is ranked from them.")
         print(note, file=sys.stderr)
     # an advise run is not continued with `run --resume`: its suite is advise's own (give --runs instead)
-    options = RunOptions(results_dir=Path(args.results_dir), reports_dir=Path(args.results_dir) / "_reports",
-                         progress=True, report=False, functional_note=note, argv=sys.argv, resume_args=None)
+    options = RunOptions(results_dir=Path(args.results_dir),
+                         progress=True, functional_note=note, argv=sys.argv, resume_args=None)
     summary = run_suite(suite, suite.cases, policy, options, "gpu" if gpu else "functional")
     (summary.run_dir / "advise.toml").write_text(text, encoding="utf-8")
     print(f"advise: ran {sum(summary.counts.values())} cases into {summary.run_dir} ({summary.counts})",

@@ -16,7 +16,7 @@ The pytest-benchmark document:
 ``version``.  Times are in **seconds** as pytest-benchmark stores them; every
 sample is one round of one iteration.  Built from the stored records alone.
 
-CLI: ``python -m ple_bench.export RUN_DIR [--out PATH]`` (all three; ``--out``: the JSON's path).
+CLI: ``python -m ple_bench.report.export RUN_DIR [--out PATH]`` (all three; ``--out``: the JSON's path).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Sequence
 
-from .record import keys_for
-from .case import Case
-from .report.data import (
+from ..record import keys_for
+from ..spec.case import Case
+from .data import (
     ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
 )
 
@@ -118,7 +118,7 @@ def _commit_info(run: Run) -> dict[str, Any]:
 def to_pytest_benchmark(run: Run) -> dict[str, Any]:
     """The pytest-benchmark JSON document of a run (ok records with samples only)."""
     try:
-        from pytest_benchmark import __version__ as pb_version
+        from pytest_benchmark import __version__ as pb_version  # optional: the version it writes for
     except ImportError:  # the export does not need pytest-benchmark installed
         pb_version = PYTEST_BENCHMARK_VERSION_FALLBACK
     benchmarks = []
@@ -164,7 +164,7 @@ def write_pytest_benchmark_json(run_dir: str | Path, out: str | Path | None = No
 
 # ------------------------------------------------------------------ summaries
 
-# A case's axes: the fields of :class:`ple_bench.case.Case` (their one definition).
+# A case's axes: the fields of :class:`ple_bench.spec.case.Case` (their one definition).
 CASE_AXES = tuple(f.name for f in dataclasses.fields(Case))
 # The main fields of a record, as summary.csv has them (record fields, plus the report's ``path``
 # and ``topology`` labels); the axes come after case_id and status.
@@ -176,7 +176,7 @@ SUMMARY_FIELDS = ("case_id", "status", "path", *CASE_AXES, "topology", "table_by
 
 def summary_frame(run: Run):
     """The run's records as a DataFrame of :data:`SUMMARY_FIELDS` (a field no record has is left out)."""
-    import pandas as pd
+    import pandas as pd  # pandas: heavy, only the summary tables
 
     rows = [{**r, "topology": topology_label(r)} for r in run.records]
     df = pd.DataFrame.from_records(rows)
@@ -254,7 +254,7 @@ def write_exports(run_dir: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ple_bench.export",
+    parser = argparse.ArgumentParser(prog="python -m ple_bench.report.export",
                                      description="write a run's summary.md, summary.csv and pytest-benchmark JSON")
     parser.add_argument("run_dir")
     parser.add_argument("--out", default=None, help="default: RUN_DIR/pytest-benchmark.json")

@@ -5,12 +5,13 @@ host, GPUs, how the ranks were launched, the timing policy, the command line), :
 reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  While the run goes on,
 facts measured on the ranks are added to the same file as they become known, through
 :func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
-own workers, by ``torchrun_protocol`` under torchrun, which also adds every rank), and the per-case
-ceilings of the records -- host-gather, random-row (:func:`_keep_host_gather_ceiling`, called by the
+own workers, by ``run.torchrun`` under torchrun, which also adds every rank), and the per-case
+ceilings of the records -- host-gather, random-row (:func:`keep_host_gather_ceiling`, called by the
 suite loop)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import socket
@@ -18,10 +19,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .case import Case
-from .results import RunWriter, expected_case_ids, load_records, not_reached, now_iso
+import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from .. import env
+from ..results import RunWriter, expected_case_ids, load_records, not_reached, now_iso
+from ..spec.case import Case
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str | None:
@@ -38,12 +42,8 @@ def git_commit() -> str | None:
 
 
 def base_meta(suite, mode: str) -> dict[str, Any]:
-    import torch
-
-    from . import env
-
     try:
-        import triton
+        import triton  # its version, where installed
 
         triton_version = triton.__version__
     except Exception:  # noqa: BLE001
@@ -67,24 +67,21 @@ def base_meta(suite, mode: str) -> dict[str, Any]:
 def launch_info(cases: list[Case]) -> dict[str, Any]:
     """How the ranks were started: ``torchrun`` (its world, nodes and run id) or
     ``self`` (ple_bench's own worker processes, one pool per world size)."""
-    from . import env as env_policy
-
-    if env_policy.launcher() != "self":
-        env = os.environ
-        return {"launcher": env_policy.launcher(),
-                "world_size": int(env.get("WORLD_SIZE", "1")),
-                "local_world_size": int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
-                "nnodes": int(env["GROUP_WORLD_SIZE"]) if env.get("GROUP_WORLD_SIZE") else None,
-                "rdzv_run_id": env.get("TORCHELASTIC_RUN_ID"),
-                "master": f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}" if env.get("MASTER_ADDR") else None}
+    if env.launcher() != "self":
+        environ = os.environ
+        return {"launcher": env.launcher(),
+                "world_size": int(environ.get("WORLD_SIZE", "1")),
+                "local_world_size": int(environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1"))),
+                "nnodes": int(environ["GROUP_WORLD_SIZE"]) if environ.get("GROUP_WORLD_SIZE") else None,
+                "rdzv_run_id": environ.get("TORCHELASTIC_RUN_ID"),
+                "master": (f"{environ.get('MASTER_ADDR')}:{environ.get('MASTER_PORT')}"
+                           if environ.get("MASTER_ADDR") else None)}
     return {"launcher": "self", "world_sizes": sorted({c.world_size for c in cases})}
 
 
 def start_meta(suite, mode: str, run_dir: Path, writer: RunWriter, *, argv: list[str], policy,
                functional_note: str, cases: list[Case]) -> dict[str, Any]:
     """A new run's ``meta.json``, written; returns the dict the run keeps adding to."""
-    import dataclasses
-
     meta = base_meta(suite, mode)
     meta.update(run_id=run_dir.name, started_at=now_iso(), status="running", argv=argv,
                 timing_policy=dataclasses.asdict(policy), functional_note=functional_note or None,
@@ -141,7 +138,7 @@ def add_measured(writer: RunWriter, meta: dict[str, Any], *, ceilings: dict[str,
     return meta
 
 
-def _keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
+def keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
     """A record's per-case ceilings go into ``meta.json``, once per key: a host path's
     host-gather ceiling per (table bytes, rows, row bytes),
     ``ceilings["host_gather"]["<table>:<rows>:<row>"]``, and a lookup's random-row

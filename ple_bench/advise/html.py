@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .html import render_page
+from ..report.html import render_page
+from ..report.plots import figure_uri
 
 
 def advise_plot(advice: Any, args: argparse.Namespace, model_points: list | None = None) -> str | None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  (imported by plots._to_uri)
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401  (imported by plots.figure_uri)
+    from matplotlib.figure import Figure  # matplotlib: heavy, only the page draws
 
-    from .plots import _to_uri
 
     m = advice.model
     if m is None or not m.answers:
@@ -44,7 +44,7 @@ def advise_plot(advice: Any, args: argparse.Namespace, model_points: list | None
     ax.set_ylabel("step ms")
     ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
-    return _to_uri(fig)
+    return figure_uri(fig)
 
 
 def write_advice_html(advice: Any, args: argparse.Namespace, out: Path) -> Path:

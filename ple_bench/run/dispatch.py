@@ -1,7 +1,7 @@
 """Sends each case to its ranks and turns the outcome into a record: by default to ple_bench's own
-worker processes (``worker.WorkerPool``, one pool per world size, a fresh one after any failure, so a
+worker processes (``pool.WorkerPool``, one pool per world size, a fresh one after any failure, so a
 poisoned or hung worker never runs the next case), under torchrun to this process, one rank of
-torchrun's world (``torchrun_protocol.TorchrunRanks``)."""
+torchrun's world (``torchrun.TorchrunRanks``)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,27 @@ import sys
 import time
 from typing import Any
 
-from .case import Case
-from .env import gpu_count
-from .results import RunWriter, now_iso
+from ..env import external_world_size, gpu_count
+from ..measure.profiler import torch_trace_name
+from ..results import RunWriter
+from ..spec.case import Case
+from .outcome import SkipCase, case_record
+from .pool import WorkerError, WorkerPool, policy_dict
+from .provenance import add_measured
+from .torchrun import TorchrunRanks
 
 
 class CaseDispatcher:
     """Finds (or starts) the worker pool for a case's world size and runs the case there, or,
-    under torchrun, hands it to :class:`~ple_bench.torchrun_protocol.TorchrunRanks`."""
+    under torchrun, hands it to :class:`~ple_bench.run.torchrun.TorchrunRanks`."""
 
     def __init__(self, options, meta: dict[str, Any], writer: RunWriter):
         self.options = options
         self.meta = meta
         self.writer = writer
         self.pool = None
-        from .env import external_world_size
-
         self.torchrun = None
         if external_world_size() is not None:
-            from .torchrun_protocol import TorchrunRanks
-
             self.torchrun = TorchrunRanks(options, meta, writer, external_world_size())
 
     @property
@@ -47,8 +48,6 @@ class CaseDispatcher:
         return case_record(case, self.meta.get("mode"), status, reason, result)
 
     def _ensure_pool(self, world: int):
-        from .worker import WorkerPool
-
         if self.pool is not None and (self.pool.world != world or not self.pool.alive()):
             self.pool.close()
             self.pool = None
@@ -68,21 +67,17 @@ class CaseDispatcher:
             found = dict(reply[1].get("ceilings") or {})
             if not need_single:
                 found = {k: v for k, v in found.items() if k.startswith("allreduce")}
-            from .provenance import add_measured
-
             add_measured(self.writer, self.meta, ceilings=found, device=reply[1].get("device"))
         else:
             print(f"warning: ceilings not measured: {reply[1]}", file=sys.stderr)
 
     def run_case(self, case: Case, policy) -> dict[str, Any]:
-        from .worker import WorkerError, policy_dict
-
         world = case.world_size
         if self.torchrun is not None:
             return self.torchrun.run_case(case, policy)
         gpus = gpu_count()
         if gpus and world > gpus:
-            return self._record(case, "skipped", f"needs {world} GPUs, this machine has {gpus}")
+            return self._record(case, SkipCase.status, f"needs {world} GPUs, this machine has {gpus}")
         try:
             pool = self._ensure_pool(world)
         except (WorkerError, TimeoutError, OSError) as exc:
@@ -107,10 +102,8 @@ class CaseDispatcher:
         status = reply[0]
         if status == "ok":
             rec = self._record(case, "ok", "", reply[1])
-        elif status == "skip":
-            rec = self._record(case, "skipped", reply[1])
-        elif status == "invalid":
-            rec = self._record(case, "invalid", reply[1])
+        elif status != "failed":  # skipped, invalid: the outcome's own status
+            rec = self._record(case, status, reply[1])
         else:
             rec = self._record(case, "failed", reply[1])
             rec["traceback"] = reply[2] if len(reply) > 2 else ""
@@ -120,19 +113,3 @@ class CaseDispatcher:
         rec["duration_s"] = round(duration, 3)
         return rec
 
-
-def case_record(case: Case, mode: str | None, status: str, reason: str = "", result: dict | None = None) -> dict:
-    """A case's record: its id, outcome, axes and world size, then what it measured."""
-    rec: dict[str, Any] = {"case_id": case.case_id, "status": status, "reason": reason,
-                           "mode": mode, "finished_at": now_iso()}
-    rec.update(case.axes())
-    rec["world_size"] = case.world_size
-    if result:
-        rec.update(result)
-    return rec
-
-
-def torch_trace_name(case_id: str, rank: int = 0) -> str:
-    """The file name of a case's torch.profiler trace in its run folder (``run --torch-trace``)."""
-    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in case_id)
-    return f"trace_{safe}.json" if rank == 0 else f"trace_{safe}.rank{rank}.json"

@@ -31,10 +31,17 @@ from typing import Any
 
 from .compute_kind import EXAMPLES as COMPUTE_EXAMPLES
 from .compute_kind import ComputeAsk, parse_compute, records_of_compute
-from .verdict import EQUAL_PCT
+from ..env import gpu_available
+from ..record import resident_figures
+from ..report.verdict import EQUAL_PCT, candidates, scope
+from ..units import DTYPE_BYTES, BadValue, parse_size
+from ..workload import parse_ids_spec
+from .html import write_advice_html
+from .model import build_model, load_runs
+from .self_run import NO_GPU, functional_case_count, self_run
+from .what_if import WhatIf, model_advice
 
 EXIT_BAD_USAGE = 2
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
 class AdviseError(ValueError):
@@ -77,7 +84,7 @@ class Advice:
     verdict: str
     notes: list[str]
     measured_verdict: str = ""  # the verdict from the nearest measurements alone
-    model: Any = None  # advise_model.ModelAdvice: the model's ranking at exactly the asked shape
+    model: Any = None  # what_if.ModelAdvice: the model's ranking at exactly the asked shape
     ids: str = ""  # the id distribution (traffic) every number below is of
     compute: str = ""  # the asked compute (compute_kind.ComputeAsk.spec; "" when asked as compute_us only)
     compute_label: str = ""  # the asked compute, in words
@@ -110,22 +117,6 @@ def _nearest(values, want: float, log: bool = False):
     return min(values, key=dist) if values else None
 
 
-def load_step_records(run_dirs: list[str]) -> list[dict[str, Any]]:
-    from ..results import load
-
-    recs: list[dict[str, Any]] = []
-    for d in run_dirs:
-        df = load(d)
-        if df.empty:
-            continue
-        run_id = Path(d).name
-        for rec in df.to_dict("records"):
-            if rec.get("status") == "ok" and rec.get("kind") == "step" and rec.get("mode", "gpu") != "functional":
-                rec["_run_id"] = run_id
-                recs.append(rec)
-    return recs
-
-
 def _ids_on(r: dict[str, Any]) -> str:
     return str(r["ids_on"]) if _present(r.get("ids_on")) else "device"
 
@@ -146,8 +137,6 @@ def _resident_options(rows: list[dict[str, Any]], pinned: list[Option], fits_hbm
     """The HBM rows: each resident figure a pinned option is held against (its case, graph mode
     and timer, from the option's own run: ``every`` maps (run, case_id) to records), then the
     resident steps with ids copied in the step (never a baseline)."""
-    from ..record import resident_figures
-
     out: list[Option] = []
     seen = set()
     for o in pinned:
@@ -203,7 +192,6 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
     same_shape = list(newest.values())
     # the rule of report/verdict.py: stable pinned steps with a resident baseline, one table size
     # (the nearest measured), one compute (the nearest), one id distribution
-    from .verdict import candidates, scope
 
     cands = candidates(same_shape)
     sizes = {int(r["table_bytes"]) for r in cands if r.get("table_bytes")} or \
@@ -398,8 +386,6 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
 
 def wanted_ids(ids: str) -> str:
     """``--ids`` in its canonical spelling; AdviseError for a bad spec."""
-    from ..workload import parse_ids_spec
-
     try:
         return parse_ids_spec(ids).canonical
     except ValueError as exc:
@@ -409,8 +395,6 @@ def wanted_ids(ids: str) -> str:
 def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict[str, Any]]:
     """The records of id workload ``ids`` (any spelling of it); all of them when ``ids`` is None.
     AdviseError for a bad spec, or when the runs hold no record of it (naming those they hold)."""
-    from ..workload import parse_ids_spec
-
     if ids is None:
         return records
     want = wanted_ids(ids)
@@ -448,7 +432,7 @@ def compute_asked(args: argparse.Namespace) -> ComputeAsk:
 
 
 def records_for_compute_ask(records: list[dict[str, Any]], ask: ComputeAsk) -> tuple[list, ComputeAsk, list[str]]:
-    """:func:`ple_bench.report.compute_kind.records_of_compute` over the step records, the other
+    """:func:`ple_bench.advise.compute_kind.records_of_compute` over the step records, the other
     records (lookups: the model's machine rates) kept; AdviseError naming ``--compute``."""
     try:
         steps, measured, notes = records_of_compute(records, ask)
@@ -480,17 +464,12 @@ def scoped_verdict(advice: Advice) -> None:
 
 
 def run_advise(args: argparse.Namespace) -> int:
-    from ..suite import _SIZE_RE, _SIZE_UNITS
-
     try:
         def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
-            m = _SIZE_RE.match(str(value))
-            if not m:
-                raise AdviseError(f"--{name}: {value!r} is not a size (e.g. 47.7GiB, 200GB, 51200286720)")
-            n = int(round(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "B").lower()]))
-            if n < 1:
-                raise AdviseError(f"--{name}: {value!r} must be positive")
-            return n
+            try:
+                return parse_size(str(value), exact=False)
+            except BadValue as exc:
+                raise AdviseError(f"--{name}: {exc} (e.g. 47.7GiB, 200GB, 51200286720)") from None
 
         try:
             tokens = [int(t) for t in str(args.tokens).split(",") if t.strip()]
@@ -528,9 +507,6 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"--compute {args.compute}: advise runs its own cases for the matmul chain only; "
                               "give --runs with a decoder run (python -m ple_bench run --suite decoder)")
         if not runs:
-            from ..env import gpu_available
-            from .advise_run import NO_GPU, functional_case_count, self_run
-
             if not gpu_available() and not args.functional_check:
                 raise AdviseError(NO_GPU.format(n=functional_case_count(args, tokens)))
             runs = self_run(args, table, tokens)
@@ -545,8 +521,6 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"the table ({table / 2**30:.1f} GiB) fits neither the HBM budget "
                               f"({hbm / 2**30:.1f} GiB per GPU, ETP {args.etp}) nor the host budget "
                               f"({host / 2**30:.1f} GiB per node)")
-        from .advise_model import WhatIf, model_advice
-        from .model import build_model, load_runs
 
         records, metas = load_runs(runs)
         records = records_for_ids(records, args.ids)
@@ -573,8 +547,6 @@ def run_advise(args: argparse.Namespace) -> int:
             advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
         scoped_verdict(advice)
         if args.html:
-            from .advise_html import write_advice_html
-
             write_advice_html(advice, args, Path(args.html))
     except AdviseError as exc:
         print(f"error: {exc}", file=sys.stderr)

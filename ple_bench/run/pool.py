@@ -2,9 +2,9 @@
 fatal CUDA error, a crash or a hang takes down a worker, never the run.
 
 The parent sends ``("case", axes, policy)`` / ``("ceilings", ...)`` / ``None`` (stop)
-to every rank's pipe; each rank answers ``("ok", result)``, ``("skip", reason)``,
-``("invalid", reason)`` or ``("error", message, traceback)``.  Only rank 0's
-result is kept."""
+to every rank's pipe; each rank answers ``("ok", result)``, ``(status, reason)`` for a case
+that ended as :mod:`.outcome` says (``skipped``, ``invalid``) or ``("failed", message,
+traceback)``.  Only rank 0's result is kept."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
+import signal
 import socket
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait
@@ -32,28 +34,22 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    import torch
+    # imported here, after the environment above is set: torch reads it when it is first imported
+    import torch.distributed as dist
 
-    from . import annotate
-    from .case import Case
-    from .executor import CaseExecutor, InvalidCase, SkipCase
-    from .measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
-    from .measure.profiler import torch_trace_case
+    from .. import annotate
+    from ..measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
+    from ..measure.profiler import torch_trace_case
+    from ..spec.case import Case
+    from .outcome import CaseOutcome
+    from .rank import allreduce_busbw, start_rank
 
     try:
-        from .env import device_for
-
-        device = device_for(rank)  # honours PLE_BENCH_FORCE_CPU, as every entry point does
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        if world > 1:
-            from .parallel import init_distributed
-
-            init_distributed()
-        executor = CaseExecutor(rank=rank, world_size=world, device=device)
+        executor = start_rank(rank, world)
+        device = executor.device
         conn.send(("ready", {"device": str(device)}))
     except BaseException as exc:  # noqa: BLE001
-        conn.send(("error", f"worker start failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
+        conn.send(("failed", f"worker start failed: {type(exc).__name__}: {exc}", traceback.format_exc()))
         return
     while True:
         try:
@@ -82,44 +78,22 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
                     ceilings = measure_ceilings(device)
                     info = device_info(device)
                 if world > 1:
-                    ceilings.update(_allreduce_busbw(device, world))
+                    ceilings.update(allreduce_busbw(device, world))
                 conn.send(("ok", {"ceilings": ceilings, "device": info}))
             else:
-                conn.send(("error", f"unknown op {op!r}", ""))
-        except SkipCase as exc:
-            conn.send(("skip", str(exc)))
-        except InvalidCase as exc:
-            conn.send(("invalid", str(exc)))
+                conn.send(("failed", f"unknown op {op!r}", ""))
+        except CaseOutcome as exc:
+            conn.send((exc.status, str(exc)))
         except BaseException as exc:  # noqa: BLE001
             text = f"{type(exc).__name__}: {exc}"
-            conn.send(("error", text, traceback.format_exc()))
+            conn.send(("failed", text, traceback.format_exc()))
             if any(marker in text for marker in _FATAL_MARKERS) or isinstance(exc, KeyboardInterrupt):
                 break  # the process may be poisoned: let the parent start a fresh one
     try:
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         pass
-
-
-def _allreduce_busbw(device, world: int) -> dict[str, float]:
-    """All-reduce bus bandwidth over the whole world, measured now (nccl-tests' convention):
-    3 untimed all-reduces, then the median of 10, each after a barrier, on the host clock
-    around the synchronized call (:func:`ple_bench.measure.repeat.repeat_timed`: every rank
-    runs the same fixed count)."""
-    import torch
-    import torch.distributed as dist
-
-    from .measure.repeat import repeat_timed
-
-    nbytes = (256 << 20) if device.type == "cuda" else (8 << 20)
-    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    timed = repeat_timed(lambda: dist.all_reduce(x), device=device, warmup=3, min_repeats=10, host=True,
-                         before=dist.barrier)
-    busbw = 2 * (world - 1) / world * nbytes / timed.median_s / 1e9
-    return {f"allreduce_busbw_gbps_w{world}": busbw}
 
 
 class WorkerError(RuntimeError):
@@ -132,9 +106,6 @@ def _sigint_ignored():
     group, and a worker that got it (still importing, or mid-case) died with a KeyboardInterrupt
     traceback; the parent handles Ctrl-C and ends its workers itself.  Python keeps an inherited
     SIG_IGN for SIGINT (it installs its handler only over the default one)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -192,25 +163,25 @@ class WorkerPool:
                     # code, which says what killed it ("exit code None" was a race)
                     self.procs[rank].join(timeout=2.0)
                     code = self.procs[rank].exitcode
-                    replies[rank] = ("error", f"rank {rank} died (exit code {code})", "")
-                if replies[rank][0] == "error":
-                    return [replies.get(r, ("error", replies[rank][1], "")) for r in range(self.world)]
+                    replies[rank] = ("failed", f"rank {rank} died (exit code {code})", "")
+                if replies[rank][0] == "failed":
+                    return [replies.get(r, ("failed", replies[rank][1], "")) for r in range(self.world)]
             for conn, rank in list(pending.items()):
                 if not self.procs[rank].is_alive() and not conn.poll():
                     code = self.procs[rank].exitcode
                     pending.pop(conn)
-                    replies[rank] = ("error", f"rank {rank} died (exit code {code})", "")
+                    replies[rank] = ("failed", f"rank {rank} died (exit code {code})", "")
                     return [replies.get(r, replies[rank]) for r in range(self.world)]
         return [replies[r] for r in range(self.world)]
 
     def request(self, msg: tuple, timeout_s: float) -> tuple:
-        """Send ``msg`` to every rank; rank 0's reply, or the first rank's error."""
+        """Send ``msg`` to every rank; rank 0's reply, or the first rank's failure."""
         for conn in self.conns:
             conn.send(msg)
         replies = self._collect(timeout_s)
         for rank, reply in enumerate(replies):
-            if reply[0] == "error":
-                return ("error", f"rank {rank}: {reply[1]}", reply[2] if len(reply) > 2 else "")
+            if reply[0] == "failed":
+                return ("failed", f"rank {rank}: {reply[1]}", reply[2] if len(reply) > 2 else "")
         return replies[0]
 
     def close(self) -> None:

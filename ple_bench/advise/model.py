@@ -10,7 +10,7 @@ prefetch, ids on host/device, graph mode, SM limit, hot-row cache size, gather t
 id distribution (``ids``), the host allocation (``host_alloc``; "" for a resident table) and the
 **compute kind** (``compute``: the matmul chain, whose length ``compute_us`` the model fits, or one
 decoder configuration -- shape, layers, context -- whose measured time is its own; the two are
-never fitted together, nor their compute pooled: :mod:`ple_bench.report.compute_kind`).
+never fitted together, nor their compute pooled: :mod:`ple_bench.advise.compute_kind`).
 
 Every slope below (per row, per microsecond of compute) is fitted non-negative (bounded least
 squares, :func:`scipy.optimize.lsq_linear`); intercepts are free except the lookup's (>= 0: a
@@ -75,7 +75,8 @@ from scipy.optimize import lsq_linear
 
 from ..record import device_resident, num
 from .compute_kind import compute_kind
-from .data import KERNEL_FREE_IMPLS
+from ..report.data import KERNEL_FREE_IMPLS
+from ..results import load_meta, load_records
 
 GIB = 1 << 30
 REF_TABLE = 32 * GIB  # the table size the per-row term is quoted at
@@ -103,7 +104,7 @@ class PathKey(NamedTuple):
     timer: str
     ids: str
     host_alloc: str  # "" for a device-resident table (no host allocation)
-    #: the compute kind (:func:`ple_bench.report.compute_kind.compute_kind`): "matmul", or one decoder
+    #: the compute kind (:func:`ple_bench.advise.compute_kind.compute_kind`): "matmul", or one decoder
     #: configuration -- a memory-bound decoder step is never fitted, nor its compute pooled, with the chain
     compute: str = "matmul"
 
@@ -741,8 +742,6 @@ def error_markdown(m: Model) -> str:
 
 def load_runs(run_dirs: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every record (tagged with ``_run_id``) and every meta.json of the run folders."""
-    from ..results import load_meta, load_records
-
     records, metas = [], []
     for d in run_dirs:
         run_id = Path(d).name

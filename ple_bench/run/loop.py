@@ -1,32 +1,39 @@
 """The suite loop: orders a suite's cases so tables are reused, sends each to its ranks
 (``dispatch.CaseDispatcher``: ple_bench's own worker processes, or this process under torchrun),
 derives and records every outcome as soon as it is known, survives crashes and Ctrl-C, resumes,
-shows progress, and ends with the report.  The run's ``meta.json`` is ``provenance``'s."""
+shows progress.  The run's ``meta.json`` is ``provenance``'s; its report and exports are the CLI's to
+ask for, after the run."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import shlex
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
+from .. import record
+from ..backends import get_backend
+from ..env import CALIBRATION_ENV, CALIBRATION_FILE
+from ..record import Peers
+from ..results import RunWriter, load_records, new_run_id, not_reached
+from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
 from . import provenance
-from .case import HOST_ALLOC_MODES, Case, with_baselines
 from .dispatch import CaseDispatcher
-from .env import CALIBRATION_ENV, CALIBRATION_FILE
-from .results import RunWriter, new_run_id
 
 
 @dataclass
 class RunOptions:
     results_dir: Path = Path("results")
-    reports_dir: Path = Path("reports")
     resume: Path | None = None
     case_filter: list[str] = field(default_factory=list)
     case_timeout_s: float = 900.0
     progress: bool = True
-    report: bool = True
     nvtx: bool = True
     profile_window: bool = False
     torch_trace: int | None = None  # record a torch.profiler trace of N samples per window, per case
@@ -43,7 +50,6 @@ class RunSummary:
     run_dir: Path
     counts: dict[str, int]
     interrupted: bool = False
-    report: Path | None = None
     resume_command: str | None = None
     aborted: str | None = None  # why a torchrun run ended early
     meta: dict[str, Any] = field(default_factory=dict)  # the run's meta.json at its end
@@ -78,8 +84,6 @@ def order_cases(cases: list[Case]) -> list[Case]:
 
 
 def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True) -> list[Case]:
-    import fnmatch
-
     if not patterns:
         return cases
     chosen = [c for c in cases if any(fnmatch.fnmatchcase(c.case_id, p) or c.case_id.startswith(p)
@@ -91,8 +95,6 @@ def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True)
 def table_in_host_memory(impl: str) -> bool | None:
     """The backend's declared capability ``table_in_host_memory`` (None when the
     backend cannot be resolved here)."""
-    from .backends import get_backend
-
     try:
         return bool(get_backend(impl).table_in_host_memory)
     except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
@@ -102,8 +104,6 @@ def table_in_host_memory(impl: str) -> bool | None:
 def lookup_mechanism(impl: str) -> str | None:
     """How the backend moves its rows, from its declared capabilities (record field
     ``lookup_mechanism``; None when the backend cannot be resolved here)."""
-    from .backends import get_backend
-
     try:
         cls = get_backend(impl)
     except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
@@ -117,8 +117,6 @@ def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) 
     """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
     are computed), then the record joins ``peers`` (:class:`ple_bench.record.Peers`: the
     overlap twins and resident baselines of the records after it)."""
-    from . import record
-
     if not isinstance(peers, record.Peers):
         raise TypeError(f"derive_record needs a record.Peers (the run's twins and baselines), got {type(peers).__name__}")
     rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
@@ -138,8 +136,6 @@ class _Progress:
         self.silent = bar is None
         self.case_id = ""
         if bar and sys.stderr.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, unit="case", dynamic_ncols=True, file=sys.stderr,
                             bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
 
@@ -180,10 +176,6 @@ def summary_lines(summary: RunSummary, mode: str) -> list[str]:
     """The run's end on the console: every record of the run folder counted against the cases
     it was to record ("146 of 149"), the skips with their reasons, the cases not reached with
     their groups, and the command that continues the run."""
-    from collections import Counter
-
-    from .results import not_reached
-
     meta, records = summary.meta, summary.records
     counts = Counter(r.get("status") for r in records)
     expected = int(meta.get("num_cases") or 0)
@@ -214,8 +206,6 @@ def summary_lines(summary: RunSummary, mode: str) -> list[str]:
 
 def resume_command(run_dir: Path, options: RunOptions) -> str | None:
     """The exact command that runs the cases ``run_dir`` lacks, or None where that is not possible."""
-    import shlex
-
     if options.resume_args is None:
         return None
     return shlex.join([sys.executable, "-m", "ple_bench", "run", "--resume", str(run_dir), *options.resume_args])
@@ -251,15 +241,13 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
     executor = CaseDispatcher(options, meta, writer)
-    from .record import Peers
-    from .results import load_records
 
     twins = Peers.of(load_records(run_dir) if done else [])  # overlap twins and resident baselines
     try:
         for case in todo:
             progress.start(case.case_id)
             rec = executor.run_case(case, policy)
-            provenance._keep_host_gather_ceiling(rec, meta, writer)
+            provenance.keep_host_gather_ceiling(rec, meta, writer)
             derive_record(rec, case, meta, twins)
             writer.append(rec)
             counts[rec["status"]] += 1
@@ -287,17 +275,4 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
                          aborted=executor.abort_reason, meta=meta,
                          records=load_records(run_dir, upgrade=False))
     summary.resume_command = resume_command(run_dir, options)
-    if options.report:
-        try:
-            from .report import build_report
-
-            summary.report = build_report(run_dir, options.reports_dir)
-        except Exception as exc:  # noqa: BLE001 - a report failure must not lose the run
-            print(f"warning: report not written: {type(exc).__name__}: {exc}", file=sys.stderr)
-        try:
-            from .export import write_exports
-
-            write_exports(run_dir)  # summary.md, summary.csv, pytest-benchmark.json
-        except Exception as exc:  # noqa: BLE001
-            print(f"warning: summaries / pytest-benchmark JSON not written: {exc}", file=sys.stderr)
     return summary

@@ -7,6 +7,7 @@ with the reason (``abort_reason``).  Rank 0 writes the records."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import sys
@@ -14,9 +15,18 @@ import time
 import traceback
 from typing import Any
 
-from .case import Case
-from .dispatch import case_record, torch_trace_name
-from .results import RunWriter
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from ..measure import device_info, measure_ceilings
+from ..measure.profiler import torch_trace_case, torch_trace_name
+from ..parallel import DEFAULT_TIMEOUT_S
+from ..results import RunWriter
+from ..spec.case import Case
+from .outcome import CaseOutcome, SkipCase, case_record
+from .provenance import add_measured
+from .rank import allreduce_busbw, start_rank
 
 
 class TorchrunRanks:
@@ -37,8 +47,6 @@ class TorchrunRanks:
     def close(self) -> None:
         """Under torchrun: wait for every rank (so that none is torn down while
         rank 0 writes), then leave the process group."""
-        import torch.distributed as dist
-
         if self.inproc is None:
             return
         self.inproc.release_table()
@@ -62,23 +70,12 @@ class TorchrunRanks:
         """First case of torchrun's world size: join the process group, make the
         agreement group, and measure the ceilings (rank 0) and the all-reduce
         ceiling (every rank)."""
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-
-        from .executor import CaseExecutor
-        from .parallel import DEFAULT_TIMEOUT_S, init_distributed
-
         world = self.torchrun_world
         rank = int(os.environ.get("RANK", "0"))
-        from .env import device_for
-
-        device = device_for(rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.inproc = start_rank(rank, world, local_rank=local_rank)
+        device = self.inproc.device
         if world > 1:
-            init_distributed("gloo" if device.type == "cpu" else None)
             # Outcomes are agreed on in a group of their own (gloo, CPU objects), so that an
             # agreement can never pair with a collective a failed case left behind.  Its
             # timeout is longer than a collective's: a rank that failed early waits here
@@ -86,14 +83,11 @@ class TorchrunRanks:
             self.agree_timeout_s = max(self.options.case_timeout_s, 2 * DEFAULT_TIMEOUT_S + 30)
             self.agree_group = dist.new_group(backend="gloo",
                                               timeout=datetime.timedelta(seconds=self.agree_timeout_s))
-        self.inproc = CaseExecutor(rank=rank, world_size=world, device=device)
-        info: dict[str, Any] = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        info: dict[str, Any] = {"rank": rank, "local_rank": local_rank,
                                 "host": socket.gethostname(), "device": str(device)}
         found: dict[str, Any] = {}  # rank 0: ceilings measured now, written with the ranks below
         found_device = None
         if rank == 0:
-            from .measure import device_info, measure_ceilings
-
             if not self.meta.get("ceilings"):
                 try:
                     found = measure_ceilings(device)
@@ -107,36 +101,28 @@ class TorchrunRanks:
             everyone: list = [None] * world
             dist.all_gather_object(everyone, info, group=self.agree_group)  # also waits for rank 0's ceilings
             if everyone[0].get("need_allreduce"):
-                from .worker import _allreduce_busbw
-
-                busbw = _allreduce_busbw(device, world)
+                busbw = allreduce_busbw(device, world)
                 if rank == 0:
                     found.update(busbw)
             ranks = [{k: v for k, v in e.items() if k != "need_allreduce"} for e in everyone]
         else:
             ranks = [{k: v for k, v in info.items() if k != "need_allreduce"}]
         if rank == 0:
-            from .provenance import add_measured
-
             add_measured(self.writer, self.meta, ceilings=found, device=found_device, ranks=ranks)
 
     def run_case(self, case: Case, policy) -> dict[str, Any]:
         """Under torchrun: this process is one rank; every rank runs the same cases
         in lockstep and agrees on each case's outcome before the next one."""
-        from .executor import InvalidCase, SkipCase
-
         if case.world_size != self.torchrun_world:
-            return self._record(case, "skipped",
+            return self._record(case, SkipCase.status,
                                 f"needs {case.world_size} ranks, torchrun started {self.torchrun_world}")
         if self.inproc is None:
             self.start()
         started = time.perf_counter()
         try:
             rec = self._record(case, "ok", "", self._traced_run(case, policy))
-        except SkipCase as exc:
-            rec = self._record(case, "skipped", str(exc))
-        except InvalidCase as exc:
-            rec = self._record(case, "invalid", str(exc))
+        except CaseOutcome as exc:
+            rec = self._record(case, exc.status, str(exc))
         except Exception as exc:  # noqa: BLE001
             rec = self._record(case, "failed", f"{type(exc).__name__}: {exc}")
             rec["traceback"] = traceback.format_exc()
@@ -148,8 +134,6 @@ class TorchrunRanks:
     def _traced_run(self, case: Case, policy) -> dict[str, Any]:
         """``self.inproc.run``, under ``run --torch-trace`` recording the case's windows into
         its run folder (the CLI refuses it under torchrun, whose other ranks write to scratch)."""
-        from .measure.profiler import torch_trace_case
-
         n = self.options.torch_trace
         path = self.writer.run_dir / torch_trace_name(case.case_id, self.inproc.rank) if n else None
         with torch_trace_case(path, n):
@@ -161,8 +145,6 @@ class TorchrunRanks:
         else ``skipped``, with each rank's reason (root causes before the collective
         timeouts they led to); the ranks then drop the table and its process groups,
         check the default group, and end the run if it is broken."""
-        import torch.distributed as dist
-
         world = self.torchrun_world
         mine = {"rank": self.inproc.rank, "case_id": case.case_id, "status": rec["status"],
                 "reason": rec["reason"], "traceback": rec.get("traceback") or ""}
@@ -206,17 +188,8 @@ class TorchrunRanks:
         rebuilt: drop the table, leave all groups, join a fresh default group over
         torchrun's store (its own key prefix), and check it with an all-reduce.
         If that fails anywhere, the run ends with a clear message."""
-        import datetime
-
-        import torch
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
-
-        from .parallel import DEFAULT_TIMEOUT_S
-
         world, rank = self.torchrun_world, self.inproc.rank
-        self.inproc.release_table()
-        self.inproc.groups_by_topology.clear()
+        self.inproc.reset()
         self.recoveries += 1
         try:
             store = c10d._get_default_store()

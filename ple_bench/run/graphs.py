@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from .env import resolve_device
+from ..env import resolve_device
 
 MODES = ("eager", "breakable", "full")
 
