@@ -73,7 +73,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from ..record import device_resident, num
+from ..record import device_resident, num, resident_figures
 from .compute_kind import compute_kind
 from ..report.data import KERNEL_FREE_IMPLS
 from ..results import load_meta, load_records
@@ -173,19 +173,26 @@ def step_points(records: Iterable[dict[str, Any]]) -> list[Point]:
                     num(r.get("table_bytes")), num(r.get("num_tokens")), num(r.get("num_heads"))):
             continue
         newest[str(r.get("case_id"))] = r
-    out = []
+    out, twins = [], []
     for r in newest.values():
-        out.append(Point(key=path_key(r), case_id=str(r.get("case_id")), run_id=str(r.get("_run_id", "")),
-                         rows=int(num(r.get("rows")) or num(r["num_tokens"]) * num(r["num_heads"])),
-                         tokens=int(num(r["num_tokens"])), table_bytes=int(num(r["table_bytes"])),
-                         row_bytes=int(num(r.get("row_bytes")) or 0), compute_us=float(num(r.get("compute_us")) or 0),
-                         compute_ms=float(r["compute_ms"]), lookup_ms=float(r["lookup_ms"]),
-                         step_ms=float(r["step_ms"]), resident=device_resident(r),
-                         host_gather=_host_gather(r)))
-        if out[-1].resident and out[-1].key.timer == "cuda_event" and num(r.get("step_host_sync_ms")):
-            out.append(replace(out[-1], key=out[-1].key._replace(timer="host_sync"), host_twin=True,
-                               case_id=out[-1].case_id + "#host_sync", step_ms=float(r["step_host_sync_ms"])))
-    return out
+        base = Point(key=path_key(r), case_id=str(r.get("case_id")), run_id=str(r.get("_run_id", "")),
+                     rows=int(num(r.get("rows")) or num(r["num_tokens"]) * num(r["num_heads"])),
+                     tokens=int(num(r["num_tokens"])), table_bytes=int(num(r["table_bytes"])),
+                     row_bytes=int(num(r.get("row_bytes")) or 0), compute_us=float(num(r.get("compute_us")) or 0),
+                     compute_ms=float(r["compute_ms"]), lookup_ms=float(r["lookup_ms"]),
+                     step_ms=float(r["step_ms"]), resident=device_resident(r),
+                     host_gather=_host_gather(r))
+        out.append(base)
+        # the resident step's other figures (record.resident_figures: its host-sync twin, the full
+        # graph of a breakable step on either timer), each a point of its own graph mode and timer,
+        # so that the HBM row a pinned option is held against is the one record.Peers holds it against
+        for f in resident_figures(r) if base.key.timer else ():  # a record that names its timer
+            if (f.graph, f.timer) != (base.key.graph, base.key.timer):
+                what = "/".join(x for x, own in ((f.graph, base.key.graph), (f.timer, base.key.timer)) if x != own)
+                twins.append(replace(base, key=base.key._replace(graph=f.graph, timer=f.timer), host_twin=True,
+                                     case_id=f"{base.case_id}#{what}", step_ms=f.ms))
+    measured_keys = {p.key for p in out}
+    return out + [t for t in twins if t.key not in measured_keys]
 
 
 def _host_gather(r: dict[str, Any]) -> bool:
