@@ -139,3 +139,17 @@ def test_the_banners_table_prints_each_pick_beside_its_hbm_row_and_says_what_the
     assert rows[0]["step_ms"] == "0.2350" and rows[0]["hbm_ms"] == "0.2280" and rows[0]["as_fast"] == "yes"
     assert rows[1]["as_fast"] == "no"  # 0.33 vs 0.285: +15.8 %
     assert v.text == banner(recs) and v.head in v.text and v.tail in v.text
+
+
+def test_a_verdict_resting_on_one_pinned_configuration_says_so():
+    """The default suite's banner held its one pinned step on the 47.7 GiB table (the reference UVA
+    kernel, eager) against HBM: +65 %, true of that path, not of the best one. The banner says that
+    only one configuration was measured and where every path is."""
+    from ple_bench.report.verdict import verdict
+
+    one = _run([_resident(256, 0.20, 0.24), _rec("pinned_uva", 256, 0.33, ids_on="device", timer="cuda_event",
+                                                 graph="eager")])
+    assert "Only one pinned configuration was measured here (pinned_uva" in verdict(one).tail
+    two = _run([_resident(256, 0.20, 0.24), _rec("pinned_uva", 256, 0.33, ids_on="device", timer="cuda_event",
+                                                 graph="eager"), _rec("pinned_cpu_gather", 256, 0.25)])
+    assert "Only one" not in verdict(two).tail

@@ -580,9 +580,16 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
         return None
     axes_names = step_config_axes(recs, with_table=True)
     colors = _path_colors(run)
+    # pinned steps timed on the host clock are held against the resident full graph on the same clock
+    # (record.resident_figures): draw that figure too, or the page compares two clocks
+    if any(str(r.get("timer")) == "host_sync" and not _resident(r) for r in recs):
+        recs = recs + [dict(r, step_ms=num(r.get("full_step_host_sync_ms")), graph="full", _host_clock=True)
+                       for r in recs if _resident(r) and str(r.get("ids_on") or "device") == "device"
+                       and num(r.get("full_step_host_sync_ms")) is not None]
     series = {cu: {} for cu in computes}
     for r in recs:
-        series[num(r.get("compute_us"))].setdefault(step_config_label(r, axes_names), []).append(r)
+        label = step_config_label(r, axes_names) + (", full graph, host clock" if r.get("_host_clock") else "")
+        series[num(r.get("compute_us"))].setdefault(label, []).append(r)
     series = {cu: {label: srs for label, srs in s.items() if len(points(srs, "num_tokens", "step_ms")) >= 2}
               for cu, s in series.items()}
     if not any(series.values()):
@@ -597,7 +604,7 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
     for label, (path, score) in scores.items():
         if path.endswith("(resident)"):
             r0 = next(srs[0] for s in series.values() for lab, srs in s.items() if lab == label)
-            where = str(r0.get("ids_on") or "device")
+            where = str(r0.get("ids_on") or "device") + (" host clock" if r0.get("_host_clock") else "")
             resident[where] = min(resident.get(where, (score, label)), (score, label))
 
     def draw(only: set[str] | None) -> tuple[Figure, int]:
@@ -614,7 +621,8 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
                 pts = points(srs, "num_tokens", "step_ms")
                 res = _resident(srs[0])
                 style = ({"color": "black", "linewidth": 2.6, "marker": MARKERS[si % len(MARKERS)], "markersize": 5,
-                          "linestyle": "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
+                          "linestyle": "-." if srs[0].get("_host_clock") else
+                          "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
                          if res else
                          {"color": colors.get(path_of(srs[0]), "C0"), "marker": MARKERS[si % len(MARKERS)],
                           "markersize": 5,
@@ -627,9 +635,9 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
         return fig, _figure_legend(fig, axes)
 
     caption = ("Median decode-step time per path configuration (path, prefetch, graph mode, where the ids are); "
-               "the thick black lines are the HBM-resident table (solid: ids on the device, dotted: on the host). "
-               "A step timed on the host clock (host ids, host paths) is compared with the resident step timed the "
-               "same way.")
+               "the thick black lines are the HBM-resident table (solid: ids on the device, dotted: on the host; "
+               "dash-dotted: its full graph timed on the host clock). A step timed on the host clock (host ids, "
+               "host paths) is compared with the resident step timed the same way: the dash-dotted line.")
     key, title = ("step_vs_tokens", "Decode step vs tokens") if scoped else (
         "step_vs_tokens_all", "Decode step vs tokens, every table and id distribution")
     return _with_full(draw, scores, lambda uri, n, total: Plot(

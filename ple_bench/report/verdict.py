@@ -238,6 +238,11 @@ def verdict(records: Iterable[Mapping[str, Any]]) -> Verdict | None:
             others.append(f"{compute_label(c)}: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
     tail = (f"Holds from {compute_label(held)}." if held is not None else
             f"Not within {EQUAL_PCT:.0f} % at any compute length measured.")
+    configs = {path_words(r) for r in cands if int(num(r.get("table_bytes")) or 0) == where.table_bytes
+               and str(r.get("ids") or "uniform") == where.ids and compute_of(r) == c0}
+    if len(configs) == 1:  # e.g. the default suite: one pinned step on its largest table
+        tail += (f" Only one pinned configuration was measured here ({configs.pop()}): the paths suite "
+                 "measures every path (python -m ple_bench run --suite paths).")
     return Verdict(head, tuple(chosen.values()), tuple(others), tail)
 
 
