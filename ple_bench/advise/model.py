@@ -235,6 +235,17 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
+def _median_slope(rates: "Rates", name: str, sweeps: dict[Any, dict[int, float]], what: str, assumed: str) -> None:
+    """``rates.<name>``: the median (>= 0) of the ms-vs-table-bytes slopes of ``sweeps`` with two
+    table sizes or more, its source named; left as assumed (``assumed`` says what) where none has."""
+    slopes = [_slope(list(g), list(g.values())) for g in sweeps.values() if len(g) >= 2]
+    if slopes:
+        setattr(rates, name, max(0.0, statistics.median(slopes)))
+        rates.sources[name] = f"median of {len(slopes)} {what}"
+    else:
+        rates.sources[name] = assumed
+
+
 def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]) -> Rates:
     """Fit the machine rates from lookup records and meta.json ceilings."""
     records = list(records)
@@ -251,12 +262,8 @@ def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]
             k = (r.get("_run_id"), str(r.get("impl")), _s(r.get("kernel")), num(r.get("rows")),
                  num(r.get("row_bytes")), _s(r.get("host_alloc")), _s(r.get("ids")), _s(r.get("ids_on")))
             groups.setdefault(k, {})[int(r["table_bytes"])] = float(r["median_ms"])
-    slopes = [_slope(list(g), list(g.values())) for g in groups.values() if len(g) >= 2]
-    if slopes:
-        rates.delta_kernel = max(0.0, statistics.median(slopes))
-        rates.sources["delta_kernel"] = f"median of {len(slopes)} table-size sweeps of pinned lookups (>= 4 GiB)"
-    else:
-        rates.sources["delta_kernel"] = "assumed: 32 -> 28 Mrow/s from 32 to 100 GiB (docs/host-allocation.md)"
+    _median_slope(rates, "delta_kernel", groups, "table-size sweeps of pinned lookups (>= 4 GiB)",
+                  "assumed: 32 -> 28 Mrow/s from 32 to 100 GiB (docs/host-allocation.md)")
     # host gather vs table size, and the thread count it was measured at (meta ceilings)
     hg: dict[tuple, dict[int, float]] = {}
     for m in metas:
@@ -271,12 +278,8 @@ def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]
                     fhg = rates.floor_host_gather_rows_per_s
                     fhg[int(rb)] = max(fhg.get(int(rb), 0.0), rps)
                     rates.floor_host_gather_gbps = max(rates.floor_host_gather_gbps or 0.0, rps * rb / 1e9)
-    slopes = [_slope(list(g), list(g.values())) for g in hg.values() if len(g) >= 2]
-    if slopes:
-        rates.delta_host = max(0.0, statistics.median(slopes))
-        rates.sources["delta_host"] = f"median of {len(slopes)} table-size pairs of the host_gather ceiling"
-    else:
-        rates.sources["delta_host"] = "assumed as for pinned kernels (no host_gather ceiling at two table sizes)"
+    _median_slope(rates, "delta_host", hg, "table-size pairs of the host_gather ceiling",
+                  "assumed as for pinned kernels (no host_gather ceiling at two table sizes)")
     if rates.floor_host_gather_rows_per_s:
         rates.sources["floor_host_gather"] = "the fastest host_gather ceiling (rows/s) of the runs' meta.json"
     h2d = [num((m.get("ceilings") or {}).get("h2d_gbps")) for m in metas]
