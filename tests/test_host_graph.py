@@ -1,7 +1,7 @@
 """``pinned_host_graph`` on a CPU (functional mode: the host node runs synchronously, the same
 native row loop): the backend contract, the decode step's gate, ids past the table, the engine's
 graph-mode rule (``host_work_capturable``), and that the verdict and advise rank its records
-(the archived H200 run of issue 26)."""
+(the archived H200 run 20261202-065234-faster_than_hbm-b3f6)."""
 
 from __future__ import annotations
 

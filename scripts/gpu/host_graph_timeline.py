@@ -1,4 +1,4 @@
-"""Where a host-graph step's time goes (issue 26), on the host clock, replay by replay, all paths
+"""Where a host-graph step's time goes, on the host clock, replay by replay, all paths
 in ONE process (so every variant of a shape runs the same calibrated compute: the suite's workers
 calibrate theirs each, which can differ by one matmul).
 

@@ -1,4 +1,4 @@
-"""GPU checks of ``pinned_host_graph`` (issue 26): the host gather as a host node of a CUDA graph.
+"""GPU checks of ``pinned_host_graph``: the host gather as a host node of a CUDA graph.
 ``python -m pytest -m gpu tests/gpu/test_host_graph_gpu.py`` on a GPU machine; skipped elsewhere.
 
 Every check compares bytes with ``synthetic_rows`` of the ids, after poisoning the outputs."""
