@@ -70,6 +70,12 @@ impl = "pinned_cpu_gather"
 name = "cpu gather in the graph"
 impl = "pinned_host_graph"
 graph = "{host_graph_mode}"
+
+[[group]]
+name = "cpu gather posted before the graph"
+impl = "pinned_host_flag"
+graph = "{host_graph_mode}"
+ids_on = "host"
 """
 
 #: without a GPU (``--functional-check``): the code paths on a small table, one token count, one compute

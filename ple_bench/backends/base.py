@@ -34,7 +34,9 @@ result.  :func:`ple_bench.testing.check_backend` checks a backend against it.
 ceiling binds the path), ``takes_table`` (its constructor takes ``table=``, a filled table another
 backend gave up with :meth:`PLEEmbedding.hand_over_table`), ``host_work_capturable`` (the path's
 host work is enqueued as stream work -- host functions and copies -- so a CUDA graph captures it
-whole: the engine allows ``graph = "full"`` for it), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+whole: the engine allows ``graph = "full"`` for it), ``posts_ids`` (the path starts its host work
+when the step's host ids are written, before the step is launched: the step calls
+:meth:`PLEEmbedding.post_ids`), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
 sample of past traffic before it is measured), ``side_stream_settings`` (which
 of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
@@ -118,6 +120,7 @@ CAPABILITIES: dict[str, type | tuple[type, ...]] = {
     "reads_ids_on_host": bool,
     "gathers_on_host": bool,
     "host_work_capturable": bool,
+    "posts_ids": bool,
     "warms_cache": bool,
     "takes_table": bool,
     "default_kernel": str,
@@ -164,6 +167,10 @@ class PLEEmbedding(ABC):
     #: ``cudaLaunchHostFunc``, then a copy), which a CUDA graph captures: a full graph of the
     #: step is possible even where the path reads the ids on the host
     host_work_capturable: ClassVar[bool] = False
+    #: the path starts its host work when the step's ids are known on the host (a server's
+    #: scheduler knows them when the step starts): the decode step calls :meth:`post_ids` with
+    #: its host ids each time it writes them, before it launches the step
+    posts_ids: ClassVar[bool] = False
     #: :meth:`warm_cache` fills a cache from a sample of past traffic: the engine calls it
     #: (with an independent sample of the case's id distribution) before checking and timing
     warms_cache: ClassVar[bool] = False
@@ -326,6 +333,12 @@ class PLEEmbedding(ABC):
     def warm_cache(self, ids_sample: torch.Tensor | None = None) -> Any:
         """Fill a cache from ``ids_sample`` (global ids of past traffic); called
         by the engine when ``warms_cache`` is declared.  Nothing to do by default."""
+        return None
+
+    def post_ids(self, ids: torch.Tensor) -> None:
+        """The step's host ids, written before the step is launched (called by the decode step
+        when ``posts_ids`` is declared): a path may start its host work on them now, and must not
+        keep the tensor's contents past the call.  Nothing to do by default."""
         return None
 
     def check_deferred_errors(self) -> None:

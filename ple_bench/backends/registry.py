@@ -37,6 +37,10 @@ def _load_builtin() -> None:
         from . import host_graph  # noqa: F401  (the host gather as graph-capturable host nodes)
     except ImportError:
         pass
+    try:
+        from . import host_flag  # noqa: F401  (the host gather started before the graph, which polls a flag)
+    except ImportError:
+        pass
 
 
 def backend_names() -> list[str]:

@@ -31,7 +31,8 @@ updates in place; ``full`` -- the whole step is one graph, possible only where
 those calls read nothing on the host (no DP gather) and do no host work on the
 calling thread (not a ``blocks_host`` path), or where the backend declares
 ``host_work_capturable`` (its host gather is a host node of the graph:
-``pinned_host_graph``).  On a CPU everything runs
+``pinned_host_graph``; or started by :meth:`DecodeStep.set_inputs` before the launch, the graph
+polling a flag for its rows: ``pinned_host_flag``, a ``posts_ids`` path).  On a CPU everything runs
 synchronously and eagerly (functional mode); graph modes are
 ``NotImplementedError`` ("needs CUDA"), which the runner records as skipped.
 
@@ -225,6 +226,8 @@ class DecodeStep:
         else:
             self.ids.copy_(ids, non_blocking=True)
         self.dp_counts[:] = [int(c) for c in dp_token_counts] if dp_token_counts is not None else []
+        if self.ids_on == "host" and type(self.backend).posts_ids:
+            self.backend.post_ids(self.ids)  # its host work starts now, before the step is launched
 
     # ------------------------------------------------------------ pieces
     def _lookup_into(self, out: torch.Tensor) -> torch.Tensor:

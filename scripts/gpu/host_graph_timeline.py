@@ -3,17 +3,21 @@ in ONE process (so every variant of a shape runs the same calibrated compute: th
 calibrate theirs each, which can differ by one matmul).
 
 Per table and shape (tokens x compute), variants: the resident table (HBM, ids on the device,
-full graph), ``pinned_host_graph`` (full graph and breakable), ``pinned_cpu_gather`` (breakable,
-the same pinned table); each step replayed after the ids are written (the step's ``set_inputs``,
-which synchronizes first, as a server's scheduler does):
+full graph), ``pinned_host_graph`` (full graph and breakable), ``pinned_host_flag`` (full graph,
+one piece and four: the gather posted by ``set_inputs`` before the launch), ``pinned_cpu_gather``
+(breakable, the same pinned table); each step replayed after the ids are written (the step's
+``set_inputs``, which synchronizes first, as a server's scheduler does):
 
 * ``step_us``: replay launch -> synchronize returns (the host-sync timer's sample, without the feed);
+* ``from_feed_us``: set_inputs called -> synchronize returns (the step from the moment its ids are
+  known on the host: the figure to compare a path that starts its work in ``set_inputs`` with);
 * ``compute_us``: the same for the step's graph without its lookup (compute + consumer) -- the
   resident full graph's is the physical limit of any lookup path;
 * host graph only, from the host node's own timestamps (native ``HostGraphGather.timing``):
   ``node_start_us`` (launch -> the host node starts: the graph's fork and the driver's callback
   hand-off), ``gather_us`` (the row loop), ``tail_us`` (the host node ends -> synchronize returns:
-  the copy node, the join and whatever compute is left);
+  the copy node, the join and whatever compute is left); for the flag path the same from its
+  team's timestamps, ``node_start_us`` counted from the feed (the post is in it);
 
     python scripts/gpu/host_graph_timeline.py --vocab 214748364 320001536 --shapes 64x150 256x200 512x200
 
@@ -39,8 +43,10 @@ def _med(xs):
 
 def _replays(step, kind, sets, reps, backend=None, mode="full"):
     run = step.runner(kind, mode)
-    out = {"step_us": [], "node_start_us": [], "gather_us": [], "tail_us": []}
+    out = {"step_us": [], "from_feed_us": [], "node_start_us": [], "gather_us": [], "tail_us": []}
+    posts = type(step.backend).posts_ids
     for i in range(reps + 5):
+        t_feed = time.monotonic_ns()
         step.set_inputs(sets[i % len(sets)])
         t0 = time.monotonic_ns()
         run()
@@ -49,9 +55,10 @@ def _replays(step, kind, sets, reps, backend=None, mode="full"):
         if i < 5:
             continue
         out["step_us"].append((t2 - t0) / 1e3)
+        out["from_feed_us"].append((t2 - t_feed) / 1e3)
         if backend is not None:
             last = max(backend.host_node_timing(), key=lambda t: t["last_end_ns"])
-            out["node_start_us"].append((last["last_start_ns"] - t0) / 1e3)
+            out["node_start_us"].append((last["last_start_ns"] - (t_feed if posts else t0)) / 1e3)
             out["gather_us"].append(last["last_us"])
             out["tail_us"].append((t2 - last["last_end_ns"]) / 1e3)
     return {k: _med(v) for k, v in out.items() if v}
@@ -65,6 +72,8 @@ def _shared(cls, weight):
 VARIANTS = (  # name, backend key, graph mode, prefetch, ids_on
     ("resident_full", "device", "full", False, "device"),
     ("host_graph_full", "host_graph", "full", True, "host"),
+    ("host_flag_full", "host_flag", "full", True, "host"),
+    ("host_flag4_full", "host_flag4", "full", True, "host"),
     ("cpu_gather_breakable", "cpu_gather", "breakable", True, "host"),
     ("host_graph_breakable", "host_graph", "breakable", True, "host"),
 )
@@ -79,6 +88,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--threads", type=int, default=0, help="host-node threads (0: the default)")
     ap.add_argument("--host-alloc", default="exact")
+    ap.add_argument("--pin", action="store_true", help="the flag path's team pinned away from this thread's core")
     ap.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS])
     args = ap.parse_args()
     heads, dim, seed = 16, 160, 11
@@ -99,6 +109,12 @@ def main() -> None:
                                                                   max_tokens=max_tokens, device="cuda")
         cg.set_scale(0.5)
         backends["cpu_gather"] = cg
+        for key, chunks in (("host_flag", 1), ("host_flag4", 4)):
+            hf = _shared(get_backend("pinned_host_flag"), hg.weight)(
+                vocab, dim, dtype="fp8", num_heads=heads, max_tokens=max_tokens, device="cuda",
+                gather_threads=args.threads, chunks=chunks, pin_threads=args.pin)
+            hf.set_scale(0.5)
+            backends[key] = hf
         for tokens, compute_us in shapes:
             sets = [make_ids("uniform", tokens, heads, vocab, seed=s) for s in range(8)]
             for name, key, graph, prefetch, ids_on in VARIANTS:
@@ -108,14 +124,14 @@ def main() -> None:
                 step = DecodeStep(b, hidden=args.hidden, num_tokens=tokens, compute_us=compute_us,
                                   prefetch=prefetch, graph=graph, ids_on=ids_on)
                 check_step(step, sets, seed)
-                timing = b if key == "host_graph" and graph == "full" else None
+                timing = b if key in ("host_graph", "host_flag", "host_flag4") and graph == "full" else None
                 step_t = _replays(step, "step", sets, args.reps, timing, graph)
                 comp_t = _replays(step, "compute", sets, args.reps, None, graph)
                 print(json.dumps({"vocab": vocab, "tokens": tokens, "compute_target_us": compute_us,
                                   "variant": name, "matmuls": step.compute_matmuls, **step_t,
                                   "compute_us": comp_t["step_us"]}), flush=True)
                 step.close()
-        for b in (cg, hg, dev):
+        for b in reversed(list(backends.values())):
             b.close()
         del backends, cg, hg, dev
         torch.cuda.empty_cache()

@@ -29,14 +29,18 @@
 
 #include <ATen/Parallel.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
-#include <memory>
-#include <mutex>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -511,6 +515,252 @@ class HostGraphGather {
   std::string err_msg_;
 };
 
+// ---------------------------------------------------------------- the posted gather
+// The host gather started when the step's ids are known on the host (*posted*), before the
+// graph that consumes its rows is launched, by a persistent team of threads of its own:
+// nothing waits for a driver callback thread to start it (a host node starts 24-33 us after
+// its graph's launch on the lent H200 hosts). Its rows go into pinned staging in ``chunks``
+// contiguous pieces; once every row of piece c is in, the team writes the post's number into
+// the pinned flag word ``flags[2 + c]``, which a one-thread kernel of the graph polls
+// (backends/host_flag.py) before the copy of that piece. ``flags[0]`` is the post's number,
+// written before the team starts; ``flags[1]`` counts the polls that timed out (the kernel's).
+//
+// Rows are handed out ``grain`` at a time from one counter (dynamic scheduling: no thread
+// waits for a slower one's fixed share), in row order, so the pieces complete about in order.
+// An id past the table fills its row with 0x7F bytes and is recorded (``bad``). Workers spin
+// for ``spin_us`` after a job, then sleep until the next post. With ``pin``, worker i is
+// bound to the i-th CPU of the process's affinity mask other than the constructing thread's.
+class PostedGather {
+ public:
+  PostedGather(at::Tensor table, int64_t valid_rows, int64_t threads, int64_t grain, int64_t spin_us, bool pin)
+      : table_(std::move(table)), valid_rows_(valid_rows), grain_(grain), spin_ns_(spin_us * 1000) {
+    if (!(table_.dim() == 2 && table_.scalar_type() == at::kByte && table_.is_contiguous() && table_.device().is_cpu())) {
+      fail("value", "table must be a contiguous uint8 [rows, row_bytes] host tensor");
+      return;
+    }
+    if (valid_rows < 0 || valid_rows > table_.size(0) || threads < 1 || grain < 1 || spin_us < 0) {
+      fail("value", "valid_rows within the table, threads >= 1, grain >= 1, spin_us >= 0");
+      return;
+    }
+    rb_ = table_.size(1);
+    base_ = static_cast<const uint8_t*>(table_.data_ptr());
+    std::vector<int> cpus;
+    if (pin) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      const int self = sched_getcpu();
+      if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+          if (CPU_ISSET(c, &set) && c != self) cpus.push_back(c);
+    }
+    for (int64_t w = 0; w < threads; ++w) {
+      const int cpu = cpus.empty() ? -1 : cpus[size_t(w) % cpus.size()];
+      workers_.emplace_back([this, cpu] { work(cpu); });
+    }
+    valid_ = true;
+  }
+
+  ~PostedGather() { stop(); }
+
+  std::vector<std::string> error() const { return {err_kind_, err_msg_}; }
+
+  int64_t threads() const { return int64_t(workers_.size()); }
+
+  // the first row of each of ``chunks`` pieces of an ``n``-row gather, then ``n``: the pieces
+  // are whole runs of ``grain`` rows (piece of grain g: g * chunks / grains); a piece may be empty
+  std::vector<int64_t> chunk_bounds(int64_t n, int64_t chunks) const {
+    std::vector<int64_t> out;
+    const int64_t grains = (n + grain_ - 1) / grain_;
+    for (int64_t c = 0; c < chunks; ++c) out.push_back(std::min(n, grain_ * ((c * grains + chunks - 1) / chunks)));
+    out.push_back(n);
+    return out;
+  }
+
+  // start gathering the rows of ``n`` ids at host address ``ids`` (int64, or int32 with ``ids32``)
+  // into ``staging`` (host address, n * row_bytes bytes); flags: pinned int64 [2 + chunks].
+  // Waits (spinning) for the previous post's rows first. Returns the post's number, -1 on failure.
+  int64_t post(int64_t ids, int64_t n, bool ids32, int64_t staging, int64_t flags, int64_t chunks) {
+    if (!valid_) return fail("value", "PostedGather was built with bad arguments or stopped"), -1;
+    if (ids == 0 || staging == 0 || flags == 0 || n < 0 || chunks < 1 || chunks > kMaxChunks)
+      return fail("value", "post: null ids, staging or flags, n < 0, or chunks outside 1.." +
+                               std::to_string(kMaxChunks)), -1;
+    wait();
+    const int64_t grains = (n + grain_ - 1) / grain_;
+    ids_ = reinterpret_cast<const void*>(ids);
+    ids32_ = ids32;
+    n_ = n;
+    grains_ = grains;
+    chunks_ = chunks;
+    staging_ = reinterpret_cast<uint8_t*>(staging);
+    flags_ = reinterpret_cast<int64_t*>(flags);
+    for (int64_t c = 0; c < chunks; ++c) {  // grain g is in piece g * chunks / grains (as rows() says)
+      const int64_t g0 = (c * grains + chunks - 1) / chunks;
+      const int64_t g1 = ((c + 1) * grains + chunks - 1) / chunks;
+      remaining_[c].store(g1 - g0, std::memory_order_relaxed);
+    }
+    next_.store(0, std::memory_order_relaxed);
+    active_.store(int64_t(workers_.size()), std::memory_order_relaxed);
+    const int64_t g = posted_ + 1;
+    posted_ = g;
+    __atomic_store_n(&flags_[0], g, __ATOMIC_RELEASE);
+    for (int64_t c = 0; c < chunks; ++c) {  // an empty piece is in at once
+      if (remaining_[c].load(std::memory_order_relaxed) == 0) __atomic_store_n(&flags_[2 + c], g, __ATOMIC_RELEASE);
+    }
+    post_ns_.store(now_ns(), std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gen_.store(g, std::memory_order_release);
+    }
+    cv_.notify_all();
+    return g;
+  }
+
+  // until the last post's rows are all in staging (spinning on this thread)
+  bool wait() {
+    while (done_.load(std::memory_order_acquire) != posted_) {
+      if (!valid_) return false;
+      spin_pause();
+    }
+    return true;
+  }
+
+  int64_t posted() const { return posted_; }
+
+  // (position, id) of the first id past the table since the last ``clear``; (-1, 0) for none
+  std::vector<int64_t> bad() const { return {bad_pos_.load(), bad_id_.load()}; }
+
+  void clear() { bad_pos_.store(-1); }
+
+  // (posts, last post ns, last end ns, total ns post->end, CPU ns of the workers in jobs)
+  std::vector<int64_t> timing() const {
+    return {done_.load(), post_ns_.load(), end_ns_.load(), total_ns_.load(), cpu_ns_.load()};
+  }
+
+  // the workers end (after the job in flight); the table reference is dropped
+  void stop() {
+    if (workers_.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_.store(true);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+    table_ = at::Tensor();
+    valid_ = false;
+  }
+
+ private:
+  static constexpr int64_t kMaxChunks = 64;
+
+  static void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
+
+  void work(int cpu) {
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      sched_setaffinity(0, sizeof(set), &set);  // best effort: unpinned if refused
+    }
+    int64_t seen = 0;
+    for (;;) {
+      int64_t until = now_ns() + spin_ns_;
+      int64_t g;
+      while ((g = gen_.load(std::memory_order_acquire)) == seen) {
+        if (stop_.load()) return;
+        if (now_ns() < until) {
+          spin_pause();
+          continue;
+        }
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return gen_.load() != seen || stop_.load(); });
+        until = now_ns() + spin_ns_;
+      }
+      seen = g;
+      const double c0 = thread_cpu_s();
+      if (ids32_) rows(static_cast<const int32_t*>(ids_), g);
+      else rows(static_cast<const int64_t*>(ids_), g);
+      cpu_ns_.fetch_add(int64_t(1e9 * (thread_cpu_s() - c0)));
+      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        const int64_t t1 = now_ns();
+        end_ns_.store(t1);
+        total_ns_.fetch_add(t1 - post_ns_.load());
+        done_.store(g, std::memory_order_release);
+      }
+    }
+  }
+
+  template <typename I>
+  void rows(const I* ids, int64_t g) {
+    for (;;) {
+      const int64_t gi = next_.fetch_add(1, std::memory_order_relaxed);
+      if (gi >= grains_) return;
+      const int64_t end = std::min(n_, (gi + 1) * grain_);
+      for (int64_t i = gi * grain_; i < end; ++i) {
+        const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
+        if (id >= uint64_t(valid_rows_)) {
+          std::memset(staging_ + i * rb_, 0x7F, size_t(rb_));
+          int64_t none = -1;
+          if (bad_pos_.compare_exchange_strong(none, i)) bad_id_.store(int64_t(ids[i]));
+          continue;
+        }
+        std::memcpy(staging_ + i * rb_, base_ + id * uint64_t(rb_), size_t(rb_));
+      }
+      const int64_t c = gi * chunks_ / grains_;
+      if (remaining_[c].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);  // the rows before the flag, for the GPU too
+        __atomic_store_n(&flags_[2 + c], g, __ATOMIC_RELEASE);
+      }
+    }
+  }
+
+  bool fail(const char* kind, std::string msg) {
+    err_kind_ = kind;
+    err_msg_ = std::move(msg);
+    return false;
+  }
+
+  at::Tensor table_;
+  const uint8_t* base_ = nullptr;
+  int64_t valid_rows_ = 0;
+  int64_t rb_ = 0;
+  int64_t grain_ = 64;
+  int64_t spin_ns_ = 0;
+  bool valid_ = false;
+  // the job: written by ``post`` before ``gen_`` (release), read by the workers after it (acquire)
+  const void* ids_ = nullptr;
+  bool ids32_ = false;
+  int64_t n_ = 0;
+  int64_t grains_ = 0;
+  int64_t chunks_ = 1;
+  uint8_t* staging_ = nullptr;
+  int64_t* flags_ = nullptr;
+  int64_t posted_ = 0;  // the last post's number (the posting thread's)
+  std::atomic<int64_t> remaining_[kMaxChunks];
+  std::atomic<int64_t> next_{0};
+  std::atomic<int64_t> active_{0};
+  std::atomic<int64_t> gen_{0};
+  std::atomic<int64_t> done_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> bad_pos_{-1};
+  std::atomic<int64_t> bad_id_{0};
+  std::atomic<int64_t> post_ns_{0};
+  std::atomic<int64_t> end_ns_{0};
+  std::atomic<int64_t> total_ns_{0};
+  std::atomic<int64_t> cpu_ns_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::thread> workers_;
+  std::string err_kind_;
+  std::string err_msg_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -540,4 +790,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("tasks", &HostGraphGather::tasks)
       .def("retire", &HostGraphGather::retire)
       .def("error", &HostGraphGather::error);
+  pybind11::class_<PostedGather>(m, "PostedGather")
+      .def(pybind11::init<at::Tensor, int64_t, int64_t, int64_t, int64_t, bool>())
+      .def("threads", &PostedGather::threads)
+      .def("chunk_bounds", &PostedGather::chunk_bounds)
+      .def("post", &PostedGather::post, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("wait", &PostedGather::wait, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("posted", &PostedGather::posted)
+      .def("bad", &PostedGather::bad)
+      .def("clear", &PostedGather::clear)
+      .def("timing", &PostedGather::timing)
+      .def("stop", &PostedGather::stop, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("error", &PostedGather::error);
 }

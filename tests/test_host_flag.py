@@ -1,0 +1,130 @@
+"""``pinned_host_flag`` on a CPU (functional mode: the native team gathers, the caller waits
+for it on the host): the backend contract, the team's pieces and posts, ids past the table, the
+decode step's gate and that the step posts its host ids before it runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ple_bench.backends import get_backend, synthetic_rows
+from ple_bench.backends.native import host_gather_module
+from ple_bench.run.step import DecodeStep, StepMismatch, check_step
+from ple_bench.testing import check_backend
+
+pytestmark = pytest.mark.skipif(host_gather_module() is None, reason="the native host gather does not build here")
+
+VOCAB, DIM, HEADS, SEED = 4096, 16, 4, 7
+
+
+def _backend(**kw):
+    b = get_backend("pinned_host_flag")(VOCAB, DIM, dtype="fp8", num_heads=HEADS, max_tokens=64, device="cpu",
+                                        gather_threads=3, grain=4, **kw)
+    b.fill_synthetic(SEED, scale=0.5)
+    return b
+
+
+def _ids(seed, tokens=8):
+    return torch.randint(0, VOCAB, (tokens, HEADS), generator=torch.Generator().manual_seed(seed))
+
+
+def _want(ids):
+    return synthetic_rows(ids.reshape(-1), DIM, SEED, torch.float8_e4m3fn).reshape(ids.shape[0], -1).view(torch.uint8)
+
+
+def test_contract():
+    assert check_backend("pinned_host_flag")[0] == "capabilities"
+
+
+def test_declares_a_posting_capturable_host_path():
+    cls = get_backend("pinned_host_flag")
+    assert cls.posts_ids and cls.host_work_capturable and cls.gathers_on_host and not cls.blocks_host
+    assert not get_backend("pinned_host_graph").posts_ids
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 64])
+def test_lookups_are_the_rows_for_every_piece_count(chunks):
+    b = _backend(chunks=chunks)
+    for seed, tokens in ((1, 8), (2, 64), (3, 1), (4, 64)):
+        ids = _ids(seed, tokens)
+        assert torch.equal(b.lookup(ids).view(torch.uint8), _want(ids))
+    timing = b.host_node_timing()[0]
+    assert timing["runs"] == 4 and timing["last_end_ns"] >= timing["last_start_ns"] > 0
+    assert b.stats()["gather_impl"] == "posted_team" and b.stats()["chunks"] == chunks
+    b.close()
+    b.close()
+
+
+def test_pieces_are_whole_grains_in_row_order_and_cover_every_row():
+    b = _backend(chunks=4)
+    b.lookup(_ids(1))  # builds the team
+    nat = b._native
+    for n in (0, 1, 4, 5, 37, 256):
+        for chunks in (1, 2, 4, 7):
+            bounds = nat.chunk_bounds(n, chunks)
+            assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == chunks + 1
+            assert bounds == sorted(bounds)
+            assert all(x % 4 == 0 or x == n for x in bounds)  # grain 4: a piece starts on a grain (or is empty at the end)
+    b.close()
+
+
+def test_every_piece_flag_holds_the_post_number_once_the_rows_are_in():
+    b = _backend(chunks=5)
+    ids = _ids(9, 64)
+    for k in range(1, 4):
+        b.post_ids(ids)
+        assert b._native.wait()
+        flags = b._flags.tolist()
+        assert flags[0] == k and flags[1] == 0 and flags[2:] == [k] * 5
+        assert torch.equal(b._staging[: ids.numel()].view(torch.uint8), _want(ids).reshape(ids.numel(), -1))
+    b.close()
+
+
+def test_a_lookup_of_other_ids_than_the_posted_ones_posts_its_own():
+    b = _backend()
+    posted, other = _ids(1), _ids(2)
+    b.post_ids(posted)
+    assert torch.equal(b.lookup(other).view(torch.uint8), _want(other))
+    assert b.host_node_timing()[0]["runs"] == 2
+    b.post_ids(posted)
+    assert torch.equal(b.lookup(posted).view(torch.uint8), _want(posted))  # the post is consumed
+    assert b.host_node_timing()[0]["runs"] == 3
+    b.close()
+
+
+@pytest.mark.parametrize("bad", [VOCAB, VOCAB + 9, -1])
+def test_an_id_past_the_table_raises_and_the_next_lookup_is_right(bad):
+    b = _backend(chunks=2)
+    ids = _ids(2)
+    ids[3, 2] = bad
+    with pytest.raises(IndexError, match="out of range"):
+        b.lookup(ids)
+    good = _ids(3)
+    assert torch.equal(b.lookup(good).view(torch.uint8), _want(good))
+    b.close()
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_step_posts_its_host_ids_and_its_gate_catches_other_rows(prefetch):
+    b = _backend(chunks=2)
+    step = DecodeStep(b, hidden=32, num_tokens=8, compute_layers=2, prefetch=prefetch, ids_on="host")
+    sets = [_ids(s) for s in range(3)]
+    check_step(step, sets, SEED)
+    posts = b._native.posted()
+    step.set_inputs(sets[0])
+    assert b._native.posted() == posts + 1  # set_inputs started the gather
+    step.run()
+    assert b._native.posted() == posts + 1  # the step used that post
+    assert torch.equal(step.rows.view(torch.uint8), _want(sets[0]))
+    b.fill_synthetic(SEED + 1, scale=0.5)
+    with pytest.raises(StepMismatch):
+        check_step(step, sets, SEED)
+    step.close()
+    b.close()
+
+
+@pytest.mark.parametrize("kw", [{"chunks": 0}, {"chunks": 65}, {"chunks": True}, {"spin_us": -1},
+                                {"pin_threads": 1}])
+def test_bad_settings_are_refused(kw):
+    with pytest.raises(ValueError):
+        get_backend("pinned_host_flag")(VOCAB, DIM, dtype="fp8", num_heads=HEADS, device="cpu", **kw)
