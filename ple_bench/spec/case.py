@@ -128,6 +128,8 @@ class Case:
             parts.append(f"gt{self.gather_threads}")
         if self.host_alloc != "torch":
             parts.append(self.host_alloc)
+        for key, value in self.extra:  # plug-in settings (e.g. chunks4, pin_threads)
+            parts.append(key if value is True else f"{key}{value}")
         return ".".join(parts) + "-" + digest
 
     @property
