@@ -128,3 +128,18 @@ def test_the_step_posts_its_host_ids_and_its_gate_catches_other_rows(prefetch):
 def test_bad_settings_are_refused(kw):
     with pytest.raises(ValueError):
         get_backend("pinned_host_flag")(VOCAB, DIM, dtype="fp8", num_heads=HEADS, device="cpu", **kw)
+
+
+def test_back_to_back_posts_never_mix_rows_of_two_posts():
+    """Posts follow each other at once (each waits only for the previous post's grains, not for
+    every thread to check in): every post's staging holds exactly its own rows."""
+    b = _backend(chunks=3)
+    sets = [_ids(s, 64) for s in range(4)]
+    wants = [_want(ids).reshape(ids.numel(), -1) for ids in sets]
+    for k in range(200):
+        ids = sets[k % 4]
+        b.post_ids(ids)
+        assert b._native.wait()
+        assert b._flags.tolist()[2:] == [k + 1] * 3
+        assert torch.equal(b._staging[: ids.numel()], wants[k % 4])
+    b.close()

@@ -89,11 +89,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="host-node threads (0: the default)")
     ap.add_argument("--host-alloc", default="exact")
     ap.add_argument("--pin", action="store_true", help="the flag path's team pinned away from this thread's core")
+    ap.add_argument("--flag-threads", type=int, nargs="+", default=[0],
+                    help="the flag path's team sizes (0: its default); variants host_flag[4]_tN_full")
     ap.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS])
     args = ap.parse_args()
     heads, dim, seed = 16, 160, 11
     shapes = [(int(a), float(b)) for a, b in (x.split("x") for x in args.shapes)]
     max_tokens = max(t for t, _ in shapes)
+    variants = [v for v in VARIANTS if v[0] in args.variants]
+    for threads in args.flag_threads:  # the flag path at other team sizes
+        for chunks in (1, 4):
+            key = f"host_flag{'' if chunks == 1 else chunks}_t{threads}"
+            if threads and f"{key}_full" in args.variants:
+                variants.append((f"{key}_full", key, "full", True, "host"))
+    variants = {v[0]: v for v in variants}
     for vocab in args.vocab:
         backends = {}
         dev = get_backend("device")(vocab, dim, dtype="fp8", num_heads=heads, max_tokens=max_tokens,
@@ -109,22 +118,24 @@ def main() -> None:
                                                                   max_tokens=max_tokens, device="cuda")
         cg.set_scale(0.5)
         backends["cpu_gather"] = cg
-        for key, chunks in (("host_flag", 1), ("host_flag4", 4)):
-            hf = _shared(get_backend("pinned_host_flag"), hg.weight)(
-                vocab, dim, dtype="fp8", num_heads=heads, max_tokens=max_tokens, device="cuda",
-                gather_threads=args.threads, chunks=chunks, pin_threads=args.pin)
-            hf.set_scale(0.5)
-            backends[key] = hf
+        for threads in args.flag_threads:
+            for chunks in (1, 4):
+                key = f"host_flag{'' if chunks == 1 else chunks}" + (f"_t{threads}" if threads else "")
+                if f"{key}_full" not in variants:
+                    continue
+                hf = _shared(get_backend("pinned_host_flag"), hg.weight)(
+                    vocab, dim, dtype="fp8", num_heads=heads, max_tokens=max_tokens, device="cuda",
+                    gather_threads=threads, chunks=chunks, pin_threads=args.pin)
+                hf.set_scale(0.5)
+                backends[key] = hf
         for tokens, compute_us in shapes:
             sets = [make_ids("uniform", tokens, heads, vocab, seed=s) for s in range(8)]
-            for name, key, graph, prefetch, ids_on in VARIANTS:
-                if name not in args.variants:
-                    continue
+            for name, key, graph, prefetch, ids_on in variants.values():
                 b = backends[key]
                 step = DecodeStep(b, hidden=args.hidden, num_tokens=tokens, compute_us=compute_us,
                                   prefetch=prefetch, graph=graph, ids_on=ids_on)
                 check_step(step, sets, seed)
-                timing = b if key in ("host_graph", "host_flag", "host_flag4") and graph == "full" else None
+                timing = b if key.startswith(("host_graph", "host_flag")) and graph == "full" else None
                 step_t = _replays(step, "step", sets, args.reps, timing, graph)
                 comp_t = _replays(step, "compute", sets, args.reps, None, graph)
                 print(json.dumps({"vocab": vocab, "tokens": tokens, "compute_target_us": compute_us,

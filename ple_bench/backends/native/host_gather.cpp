@@ -527,6 +527,9 @@ class HostGraphGather {
 //
 // Rows are handed out ``grain`` at a time from one counter (dynamic scheduling: no thread
 // waits for a slower one's fixed share), in row order, so the pieces complete about in order.
+// The counter carries the post's number beside the next grain, so a thread that wakes late
+// (descheduled, asleep) claims nothing of a later post; a post is done when its last grain is,
+// whichever threads did the work (a thread that never woke does not hold it up).
 // An id past the table fills its row with 0x7F bytes and is recorded (``bad``). Workers spin
 // for ``spin_us`` after a job, then sleep until the next post. With ``pin``, worker i is
 // bound to the i-th CPU of the process's affinity mask other than the constructing thread's.
@@ -584,8 +587,12 @@ class PostedGather {
     if (ids == 0 || staging == 0 || flags == 0 || n < 0 || chunks < 1 || chunks > kMaxChunks)
       return fail("value", "post: null ids, staging or flags, n < 0, or chunks outside 1.." +
                                std::to_string(kMaxChunks)), -1;
-    wait();
     const int64_t grains = (n + grain_ - 1) / grain_;
+    if (grains >= (int64_t(1) << 32)) return fail("value", "post: more than 2^32 grains of rows"), -1;
+    wait();
+    const int64_t g = posted_ + 1;
+    // first: from now on no thread can claim a grain of the previous post (see rows())
+    next_.store(uint64_t(g) << 32, std::memory_order_seq_cst);
     ids_ = reinterpret_cast<const void*>(ids);
     ids32_ = ids32;
     n_ = n;
@@ -598,15 +605,18 @@ class PostedGather {
       const int64_t g1 = ((c + 1) * grains + chunks - 1) / chunks;
       remaining_[c].store(g1 - g0, std::memory_order_relaxed);
     }
-    next_.store(0, std::memory_order_relaxed);
-    active_.store(int64_t(workers_.size()), std::memory_order_relaxed);
-    const int64_t g = posted_ + 1;
+    completed_.store(0, std::memory_order_relaxed);
     posted_ = g;
     __atomic_store_n(&flags_[0], g, __ATOMIC_RELEASE);
     for (int64_t c = 0; c < chunks; ++c) {  // an empty piece is in at once
       if (remaining_[c].load(std::memory_order_relaxed) == 0) __atomic_store_n(&flags_[2 + c], g, __ATOMIC_RELEASE);
     }
-    post_ns_.store(now_ns(), std::memory_order_relaxed);
+    const int64_t t0 = now_ns();
+    post_ns_.store(t0, std::memory_order_relaxed);
+    if (grains == 0) {  // nothing to gather: done now
+      end_ns_.store(t0);
+      done_.store(g, std::memory_order_release);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       gen_.store(g, std::memory_order_release);
@@ -684,10 +694,36 @@ class PostedGather {
       }
       seen = g;
       const double c0 = thread_cpu_s();
-      if (ids32_) rows(static_cast<const int32_t*>(ids_), g);
-      else rows(static_cast<const int64_t*>(ids_), g);
+      rows(g);
       cpu_ns_.fetch_add(int64_t(1e9 * (thread_cpu_s() - c0)));
-      if (active_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    }
+  }
+
+  // the next grain of post ``g`` (its index), or -1 when post ``g`` has none left (or is not
+  // the current post any more). The job's fields read here and by the caller are stable while
+  // a grain of the post is claimed and not done: the next post waits for every grain.
+  int64_t claim(int64_t g) {
+    uint64_t v = next_.load(std::memory_order_seq_cst);
+    for (;;) {
+      if (int64_t(v >> 32) != g) return -1;
+      const int64_t gi = int64_t(v & 0xffffffffu);
+      if (gi >= grains_) return -1;
+      if (next_.compare_exchange_weak(v, v + 1, std::memory_order_seq_cst)) return gi;
+    }
+  }
+
+  void rows(int64_t g) {
+    for (;;) {
+      const int64_t gi = claim(g);
+      if (gi < 0) return;
+      if (ids32_) grain_rows(static_cast<const int32_t*>(ids_), gi);
+      else grain_rows(static_cast<const int64_t*>(ids_), gi);
+      const int64_t c = gi * chunks_ / grains_;
+      if (remaining_[c].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::atomic_thread_fence(std::memory_order_seq_cst);  // the rows before the flag, for the GPU too
+        __atomic_store_n(&flags_[2 + c], g, __ATOMIC_RELEASE);
+      }
+      if (completed_.fetch_add(1, std::memory_order_acq_rel) + 1 == grains_) {
         const int64_t t1 = now_ns();
         end_ns_.store(t1);
         total_ns_.fetch_add(t1 - post_ns_.load());
@@ -697,28 +733,20 @@ class PostedGather {
   }
 
   template <typename I>
-  void rows(const I* ids, int64_t g) {
-    for (;;) {
-      const int64_t gi = next_.fetch_add(1, std::memory_order_relaxed);
-      if (gi >= grains_) return;
-      const int64_t end = std::min(n_, (gi + 1) * grain_);
-      for (int64_t i = gi * grain_; i < end; ++i) {
-        const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
-        if (id >= uint64_t(valid_rows_)) {
-          std::memset(staging_ + i * rb_, 0x7F, size_t(rb_));
-          int64_t none = -1;
-          if (bad_pos_.compare_exchange_strong(none, i)) bad_id_.store(int64_t(ids[i]));
-          continue;
-        }
-        std::memcpy(staging_ + i * rb_, base_ + id * uint64_t(rb_), size_t(rb_));
+  void grain_rows(const I* ids, int64_t gi) {
+    const int64_t end = std::min(n_, (gi + 1) * grain_);
+    for (int64_t i = gi * grain_; i < end; ++i) {
+      const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
+      if (id >= uint64_t(valid_rows_)) {
+        std::memset(staging_ + i * rb_, 0x7F, size_t(rb_));
+        int64_t none = -1;
+        if (bad_pos_.compare_exchange_strong(none, i)) bad_id_.store(int64_t(ids[i]));
+        continue;
       }
-      const int64_t c = gi * chunks_ / grains_;
-      if (remaining_[c].fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::atomic_thread_fence(std::memory_order_seq_cst);  // the rows before the flag, for the GPU too
-        __atomic_store_n(&flags_[2 + c], g, __ATOMIC_RELEASE);
-      }
+      std::memcpy(staging_ + i * rb_, base_ + id * uint64_t(rb_), size_t(rb_));
     }
   }
+
 
   bool fail(const char* kind, std::string msg) {
     err_kind_ = kind;
@@ -743,8 +771,8 @@ class PostedGather {
   int64_t* flags_ = nullptr;
   int64_t posted_ = 0;  // the last post's number (the posting thread's)
   std::atomic<int64_t> remaining_[kMaxChunks];
-  std::atomic<int64_t> next_{0};
-  std::atomic<int64_t> active_{0};
+  std::atomic<uint64_t> next_{0};  // (post number << 32) | the next grain to claim
+  std::atomic<int64_t> completed_{0};  // grains of the current post done
   std::atomic<int64_t> gen_{0};
   std::atomic<int64_t> done_{0};
   std::atomic<bool> stop_{false};
