@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# before_after.sh -- do the records of a run change across a refactor?  Runs one small suite with
+# an older tree and with this tree, on this machine, one after the other, then compares the two
+# runs with this tree's `python -m ple_bench compare` and prints its verdict (SAME per case where
+# the medians did not move beyond the threshold; one run a side: pooled samples, advisory).
+#
+# The older tree is a plain export, no git needed on the machine.  Locally (any tree):
+#     mkdir -p .carry-before
+#     git archive 6ff8d6b^1 ple_bench suites pyproject.toml | tar -x -C .carry-before
+# (6ff8d6b^1: the main line just before the layout move; any other commit works the same way.)
+# .carry-before/ is git-ignored: carry it.  On the GPU machine, from this tree's root:
+#     source scripts/gpu/prelude.sh && bash scripts/gpu/before_after.sh
+# (device tool: carry [".whl", ".carry-before"]).
+#
+# Both trees expand the suite to the same case ids (checked first: the script stops if not).
+# Default suite: scripts/gpu/before_after.toml (12 cases on a 1 GiB table, lookups and decode
+# steps, device and pinned UVA, the default suite's timing): about 30 s a tree on one H200 after
+# start-up, about 1.5 minutes in all.
+#
+# Environment:
+#   BEFORE=.carry-before   the older tree
+#   SUITE=scripts/gpu/before_after.toml   a suite name both trees have (e.g. smoke) or a path
+#   RUN_ARGS=              more arguments for both runs (e.g. "--samples 3" for a quick check)
+#   OUT=$OUT or results/before_after   where the two run folders, the compare's markdown/CSV/HTML go
+#   PYTHON=python3
+set -euo pipefail
+
+BEFORE=${BEFORE:-.carry-before}
+SUITE=${SUITE:-scripts/gpu/before_after.toml}
+RUN_ARGS=${RUN_ARGS:-}
+OUT=${OUT:-results/before_after}
+PYTHON=${PYTHON:-python3}
+HERE=$PWD
+
+if [ ! -d "$BEFORE/ple_bench" ]; then
+  echo "before_after: no older tree at $BEFORE (export one: see the top of $0)" >&2
+  exit 2
+fi
+case "$SUITE" in
+  */*|*.toml) SUITE_ARG=$(cd "$(dirname "$SUITE")" && pwd)/$(basename "$SUITE") ;;  # a path: absolute for both trees
+  *) SUITE_ARG=$SUITE ;;  # a name: each tree's own suites/<name>.toml
+esac
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+# each tree on its own import path (the prelude put this tree first on PYTHONPATH: take it off)
+EXTRA_PATH=${PYTHONPATH:-}
+EXTRA_PATH=${EXTRA_PATH#"$HERE"}
+EXTRA_PATH=${EXTRA_PATH#:}
+in_tree() {  # in_tree DIR CMD...: run CMD in DIR with DIR's ple_bench first on the path
+  local dir=$1
+  shift
+  (cd "$dir" && PYTHONPATH="$dir${EXTRA_PATH:+:$EXTRA_PATH}" "$@")
+}
+BEFORE=$(cd "$BEFORE" && pwd)
+
+ids() {  # the case ids a tree expands the suite to, sorted
+  in_tree "$1" "$PYTHON" -c "
+import sys
+from ple_bench.spec.suite import load_suite
+print('\n'.join(sorted(c.case_id for c in load_suite(sys.argv[1]).cases)))" "$SUITE_ARG" 2>/dev/null ||
+  in_tree "$1" "$PYTHON" -c "
+import sys
+from ple_bench.suite import load_suite
+print('\n'.join(sorted(c.case_id for c in load_suite(sys.argv[1]).cases)))" "$SUITE_ARG"
+}
+ids "$BEFORE" > "$OUT/ids_before.txt"
+ids "$HERE" > "$OUT/ids_after.txt"
+if ! diff "$OUT/ids_before.txt" "$OUT/ids_after.txt" > "$OUT/ids.diff"; then
+  echo "before_after: the trees expand $SUITE to different case ids ($OUT/ids.diff):" >&2
+  cat "$OUT/ids.diff" >&2
+  exit 2
+fi
+echo "before_after: $(wc -l < "$OUT/ids_after.txt") cases, the same ids in both trees"
+
+run_tree() {  # run_tree DIR LABEL: one run of the suite with DIR's code into $OUT/LABEL/<run_id>
+  local dir=$1 label=$2 t0
+  t0=$(date +%s)
+  rm -rf "${OUT:?}/$label"
+  mkdir -p "$OUT/$label"
+  # shellcheck disable=SC2086  # RUN_ARGS: several words on purpose
+  in_tree "$dir" "$PYTHON" -m ple_bench run --suite "$SUITE_ARG" --results-dir "$OUT/$label" \
+    --reports-dir "$OUT/reports" --no-report --no-progress $RUN_ARGS
+  echo "before_after: $label run took $(( $(date +%s) - t0 )) s"
+}
+run_tree "$BEFORE" before
+run_tree "$HERE" after
+
+run_dir() { find "$OUT/$1" -mindepth 1 -maxdepth 1 -type d | sort | tail -1; }
+BASE=$(run_dir before)
+CAND=$(run_dir after)
+echo "before_after: compare $BASE (before) vs $CAND (after)"
+set +e
+in_tree "$HERE" "$PYTHON" -m ple_bench compare "$BASE" "$CAND" --all \
+  --reports-dir "$OUT/reports" --markdown "$OUT/compare.md" --csv "$OUT/compare.csv"
+rc=$?
+set -e
+echo "before_after: compare exit $rc (0: no significant regression; 1: one; pooled samples are advisory)"
+if [ -f "$OUT/compare.csv" ]; then
+  "$PYTHON" - "$OUT/compare.csv" <<'PY'
+import collections, csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+key = next((k for k in ("status", "verdict") if rows and k in rows[0]), None)
+if key:
+    counts = collections.Counter(r[key] for r in rows)
+    print("before_after: verdict per case:", ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+PY
+fi
+exit $rc
