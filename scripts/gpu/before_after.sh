@@ -14,20 +14,29 @@
 #
 # Both trees expand the suite to the same case ids (checked first: the script stops if not).
 # Default suite: scripts/gpu/before_after.toml (12 cases on a 1 GiB table, lookups and decode
-# steps, device and pinned UVA, the default suite's timing): about 30 s a tree on one H200 after
-# start-up, about 1.5 minutes in all.
+# steps, device and pinned UVA, the default suite's timing): about 30 s a run on one H200 after
+# start-up; three runs (before, after, before again) about 2 minutes in all.
+#
+# The runs go in turn, ORDER (default "before after before"): the second "before" is the noise
+# floor, the same code twice.  A pinned table of 64 MiB-1 GiB runs up to ~12 % faster or slower
+# depending on where its allocation lands (docs/benchmark-engine.md, "Run to run"), and a compare
+# of one run a side cannot tell that from a change: read "before vs after" beside "before vs
+# before".  With 3 or more runs a side (ORDER="before after before after before after") the
+# verdict is on run medians instead.
 #
 # Environment:
 #   BEFORE=.carry-before   the older tree
 #   SUITE=scripts/gpu/before_after.toml   a suite name both trees have (e.g. smoke) or a path
-#   RUN_ARGS=              more arguments for both runs (e.g. "--samples 3" for a quick check)
-#   OUT=$OUT or results/before_after   where the two run folders, the compare's markdown/CSV/HTML go
+#   ORDER="before after before"
+#   RUN_ARGS=              more arguments for every run (e.g. "--samples 3" for a quick check)
+#   OUT=$OUT or results/before_after   where the run folders, the compares' markdown/CSV/HTML go
 #   PYTHON=python3
 set -euo pipefail
 
 BEFORE=${BEFORE:-.carry-before}
 SUITE=${SUITE:-scripts/gpu/before_after.toml}
 RUN_ARGS=${RUN_ARGS:-}
+ORDER=${ORDER:-before after before}
 OUT=${OUT:-results/before_after}
 PYTHON=${PYTHON:-python3}
 HERE=$PWD
@@ -80,30 +89,61 @@ run_tree() {  # run_tree DIR LABEL: one run of the suite with DIR's code into $O
   mkdir -p "$OUT/$label"
   # shellcheck disable=SC2086  # RUN_ARGS: several words on purpose
   in_tree "$dir" "$PYTHON" -m ple_bench run --suite "$SUITE_ARG" --results-dir "$OUT/$label" \
-    --reports-dir "$OUT/reports" --no-report --no-progress $RUN_ARGS
-  echo "before_after: $label run took $(( $(date +%s) - t0 )) s"
+    --reports-dir "$OUT/reports" --no-report --no-progress $RUN_ARGS > "$OUT/$label.log" 2>&1 || {
+    tail -20 "$OUT/$label.log" >&2
+    echo "before_after: the $label run failed ($OUT/$label.log)" >&2
+    exit 2
+  }
+  tail -1 "$OUT/$label.log"
+  echo "before_after: $label took $(( $(date +%s) - t0 )) s"
 }
-run_tree "$BEFORE" before
-run_tree "$HERE" after
+befores=()
+afters=()
+i=0
+for which in $ORDER; do
+  i=$(( i + 1 ))
+  case "$which" in
+    before) run_tree "$BEFORE" "$i-before" ;;
+    after) run_tree "$HERE" "$i-after" ;;
+    *) echo "before_after: ORDER holds before and after, not $which" >&2; exit 2 ;;
+  esac
+  dir=$(find "$OUT/$i-$which" -mindepth 1 -maxdepth 1 -type d | sort | tail -1)
+  if [ "$which" = before ]; then befores+=("$dir"); else afters+=("$dir"); fi
+done
+if [ ${#befores[@]} -eq 0 ] || [ ${#afters[@]} -eq 0 ]; then
+  echo "before_after: ORDER needs a before and an after run" >&2
+  exit 2
+fi
 
-run_dir() { find "$OUT/$1" -mindepth 1 -maxdepth 1 -type d | sort | tail -1; }
-BASE=$(run_dir before)
-CAND=$(run_dir after)
-echo "before_after: compare $BASE (before) vs $CAND (after)"
-set +e
-in_tree "$HERE" "$PYTHON" -m ple_bench compare "$BASE" "$CAND" --all \
-  --reports-dir "$OUT/reports" --markdown "$OUT/compare.md" --csv "$OUT/compare.csv"
-rc=$?
-set -e
-echo "before_after: compare exit $rc (0: no significant regression; 1: one; pooled samples are advisory)"
-if [ -f "$OUT/compare.csv" ]; then
-  "$PYTHON" - "$OUT/compare.csv" <<'PY'
+verdicts() {  # verdicts CSV: the count of each status
+  "$PYTHON" - "$1" <<'PY'
 import collections, csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-key = next((k for k in ("status", "verdict") if rows and k in rows[0]), None)
-if key:
-    counts = collections.Counter(r[key] for r in rows)
-    print("before_after: verdict per case:", ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+counts = collections.Counter(r.get("status", "?") for r in rows)
+print(", ".join(f"{n} {s}" for s, n in counts.most_common()) or "no case compared")
 PY
+}
+compare() {  # compare NAME BASE... --vs CAND...: this tree's compare, its tail and the verdict counts
+  local name=$1 rc
+  shift
+  set +e
+  in_tree "$HERE" "$PYTHON" -m ple_bench compare "$@" --all --reports-dir "$OUT/reports" \
+    --out "$OUT/reports/compare-$name.html" --markdown "$OUT/compare-$name.md" --csv "$OUT/compare-$name.csv" \
+    > "$OUT/compare-$name.txt" 2>&1
+  rc=$?
+  set -e
+  grep -v -E '^(same|SAME|insufficient|INSUFFICIENT) ' "$OUT/compare-$name.txt" | tail -12
+  echo "before_after: $name: compare exit $rc; per case: $(verdicts "$OUT/compare-$name.csv")"
+  return $rc
+}
+status=0
+if [ ${#befores[@]} -ge 3 ] && [ ${#afters[@]} -ge 3 ]; then  # run medians, the verdict nightly uses
+  compare before-vs-after "${befores[@]}" --vs "${afters[@]}" || status=$?
+else
+  compare before-vs-after "${befores[0]}" "${afters[0]}" || status=$?
+  if [ ${#befores[@]} -ge 2 ]; then  # the noise floor: the same code twice
+    compare before-vs-before "${befores[0]}" "${befores[1]}" || true
+  fi
 fi
-exit $rc
+echo "before_after: done in $SECONDS s; outputs in $OUT"
+exit $status
