@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # before_after.sh -- do the records of a run change across a refactor?  Runs one small suite with
-# an older tree and with this tree, on this machine, one after the other, then compares the two
-# runs with this tree's `python -m ple_bench compare` and prints its verdict (SAME per case where
-# the medians did not move beyond the threshold; one run a side: pooled samples, advisory).
+# an older tree and with this tree, in turn on this machine, then compares the runs with this
+# tree's `python -m ple_bench compare` and prints its verdict (same per case where the median did
+# not move beyond the threshold, PASS where no case regressed).
 #
 # The older tree is a plain export, no git needed on the machine.  Locally (any tree):
 #     mkdir -p .carry-before
@@ -13,30 +13,33 @@
 # (device tool: carry [".whl", ".carry-before"]).
 #
 # Both trees expand the suite to the same case ids (checked first: the script stops if not).
-# Default suite: scripts/gpu/before_after.toml (12 cases on a 1 GiB table, lookups and decode
-# steps, device and pinned UVA, the default suite's timing): about 30 s a run on one H200 after
-# start-up; three runs (before, after, before again) about 2 minutes in all.
+# Default suite: scripts/gpu/before_after.toml (8 cases on a 1 GiB table: device and pinned-UVA
+# lookups at 256 and 4096 tokens, a prefetched pinned decode step and its 3 resident baselines,
+# the default suite's timing).
 #
-# The runs go in turn, ORDER (default "before after before"): the second "before" is the noise
-# floor, the same code twice.  A pinned table of 64 MiB-1 GiB runs up to ~12 % faster or slower
-# depending on where its allocation lands (docs/benchmark-engine.md, "Run to run"), and a compare
-# of one run a side cannot tell that from a change: read "before vs after" beside "before vs
-# before".  With 3 or more runs a side (ORDER="before after before after before after") the
-# verdict is on run medians instead.
+# The runs go in turn, ORDER (default "before after before after before after", about 20 s a run
+# on one H200 after the prelude, about 2-2.5 minutes in all): with 3 or more runs a side the
+# verdict is on run medians, the rule nightly uses (PASS / same per case).  One run a side cannot
+# tell a change from run-to-run noise: a pinned table of 64 MiB-1 GiB runs up to ~12 % faster or
+# slower depending on where its allocation lands, and the same code twice got 19 "regressions"
+# of 78 (docs/benchmark-engine.md, "Run to run").  With fewer runs a side (ORDER="before after
+# before") the script compares before vs after beside before vs before, the noise floor.
 #
 # Environment:
 #   BEFORE=.carry-before   the older tree
 #   SUITE=scripts/gpu/before_after.toml   a suite name both trees have (e.g. smoke) or a path
-#   ORDER="before after before"
+#   ORDER="before after before after before after"
 #   RUN_ARGS=              more arguments for every run (e.g. "--samples 3" for a quick check)
 #   OUT=$OUT or results/before_after   where the run folders, the compares' markdown/CSV/HTML go
+#   RUN_TIMEOUT_S=150      a run still going after this long is interrupted (its records kept)
 #   PYTHON=python3
 set -euo pipefail
 
 BEFORE=${BEFORE:-.carry-before}
 SUITE=${SUITE:-scripts/gpu/before_after.toml}
 RUN_ARGS=${RUN_ARGS:-}
-ORDER=${ORDER:-before after before}
+ORDER=${ORDER:-before after before after before after}
+RUN_TIMEOUT_S=${RUN_TIMEOUT_S:-150}
 OUT=${OUT:-results/before_after}
 PYTHON=${PYTHON:-python3}
 HERE=$PWD
@@ -88,7 +91,7 @@ run_tree() {  # run_tree DIR LABEL: one run of the suite with DIR's code into $O
   rm -rf "${OUT:?}/$label"
   mkdir -p "$OUT/$label"
   # shellcheck disable=SC2086  # RUN_ARGS: several words on purpose
-  in_tree "$dir" "$PYTHON" -m ple_bench run --suite "$SUITE_ARG" --results-dir "$OUT/$label" \
+  in_tree "$dir" timeout -s INT "$RUN_TIMEOUT_S" "$PYTHON" -m ple_bench run --suite "$SUITE_ARG" --results-dir "$OUT/$label" \
     --reports-dir "$OUT/reports" --no-report --no-progress $RUN_ARGS > "$OUT/$label.log" 2>&1 || {
     tail -20 "$OUT/$label.log" >&2
     echo "before_after: the $label run failed ($OUT/$label.log)" >&2
