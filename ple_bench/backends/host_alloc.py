@@ -158,19 +158,19 @@ _CACHED_TABLE_BLOCKS: collections.Counter = collections.Counter()
 
 def cached_table_block(nbytes: int) -> bool:
     """Whether a pinned ``torch`` table of ``nbytes`` would be served from torch's cache, so
-    that it takes no new host memory: a table block of the same power-of-two size was given
-    back (a closed table's) and is still cached -- torch's host statistics count at least
-    that many bytes allocated and not active (free, no pending stream use).  torch serves a
-    request from the free block of its power-of-two size class, so a 32 GiB table's 64 GiB
-    block serves the 47.7 GiB table.  False where the statistics are not known."""
+    that it takes no new host memory: a table of the same power-of-two block size was closed
+    (the executor frees its tables, then collects garbage, before the next table's memory
+    check) and torch still holds at least that many pinned bytes (its statistics; nothing was
+    given back to the system since).  torch serves a request from a free block of its
+    power-of-two size class, after retiring the completed events of blocks freed with pending
+    stream uses (a table filled by non-blocking copies is one: its block counts as active until
+    then), so a 32 GiB table's 64 GiB block serves the 47.7 GiB table.  False where the
+    statistics are not known."""
     block = host_table_bytes(nbytes, "torch")
     if _CACHED_TABLE_BLOCKS.get(block, 0) <= 0:
         return False
-    stats = _torch_host_stats()
-    held, active = stats.get("allocated_bytes.current"), stats.get("active_bytes.current")
-    if held is None or active is None:
-        return False
-    return int(held) - int(active) >= block
+    held = _torch_host_stats().get("allocated_bytes.current")
+    return held is not None and int(held) >= block
 
 
 def release_cached_pinned_blocks() -> int:

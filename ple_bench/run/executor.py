@@ -141,7 +141,8 @@ class CaseExecutor:
                         and host_alloc.cached_table_block(shard_bytes)):
                     # torch's cache holds a closed table's block of this size class (the 32 GiB
                     # table's 64 GiB block for the 47.7 GiB table): the table takes it, no new
-                    # host memory, nothing pinned again (its record: host_alloc_from_cache)
+                    # host memory, nothing pinned again (its record: host_alloc_from_cache True;
+                    # False would say torch pinned a new block after all)
                     reason = None
                 if reason is not None:
                     # torch keeps freed pinned blocks cached: give them back, then look again
