@@ -34,6 +34,7 @@
 #   RUN_TIMEOUT_S=150      a run still going after this long is interrupted (its records kept)
 #   PYTHON=python3
 set -euo pipefail
+set -f  # RUN_ARGS may hold --case globs: no pathname expansion
 
 BEFORE=${BEFORE:-.carry-before}
 SUITE=${SUITE:-scripts/gpu/before_after.toml}
