@@ -56,6 +56,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
+import torch
 
 CORPORA = {
     "code": "CPython standard-library sources (.py, tests left out); PSF licence",
@@ -441,10 +442,29 @@ def text_warmup_ids(corpus: str, lower: bool, num_tokens: int, num_heads: int, v
 
 
 # ------------------------------------------------------------------ analysis
-def unique_fraction(ids) -> float:
-    """Distinct rows / rows of one batch."""
+def distinct_count(ids) -> int:
+    """How many distinct values ``ids`` holds (a numpy array or a torch tensor, on its own
+    device): sorted, then the positions where the value changes counted.  ``np.unique``
+    gives the same count but took 1-2.5 s for the eight 524 288-id sets of one
+    32 768-token case on the H200 host (numpy 2's unique slows with the distinct count);
+    a torch sort on the GPU takes milliseconds, on the CPU a tenth of that."""
+    if isinstance(ids, torch.Tensor):
+        flat = ids.reshape(-1)
+        if flat.numel() == 0:
+            return 0
+        ordered = torch.sort(flat).values
+        return int((ordered[1:] != ordered[:-1]).sum().item()) + 1
     flat = np.asarray(ids).reshape(-1)
-    return float(len(np.unique(flat)) / flat.size) if flat.size else 0.0
+    if flat.size == 0:
+        return 0
+    ordered = np.sort(flat, kind="stable")
+    return int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
+
+
+def unique_fraction(ids) -> float:
+    """Distinct rows / rows of one batch (``ids``: a numpy array or a torch tensor)."""
+    size = int(ids.numel()) if isinstance(ids, torch.Tensor) else int(np.asarray(ids).size)
+    return float(distinct_count(ids) / size) if size else 0.0
 
 
 def batch_traffic(id_sets) -> float:

@@ -220,6 +220,22 @@ def test_ceilings_are_timed_through_measure_as_their_cases(monkeypatch):
     # a bounded copy of the case's policy
     for c in (*gathers, *rrs):
         assert c["policy"].max_time_s == ceil.CEILING_MAX_TIME_S and c["policy"].min_samples == pol.min_samples
+        assert c["policy"].max_noise == pol.max_noise and c["policy"].warmup_ms == pol.warmup_ms
+        assert c["policy"].min_time_s == min(pol.min_time_s, ceil.CEILING_MIN_TIME_S)
+
+
+def test_a_ceiling_samples_at_least_its_own_floor_not_the_cases():
+    """A ceiling keeps the case's noise target, minimum samples, warm-up and L2 setting, with a
+    floor of CEILING_MIN_TIME_S (a case's shorter floor is kept) and the cap CEILING_MAX_TIME_S."""
+    from ple_bench.measure import TimingPolicy
+
+    case = TimingPolicy(warmup_ms=50.0, min_samples=10, max_samples=1000, min_time_s=0.15, max_time_s=1.5,
+                        max_noise=0.02, cold_l2=True, hot=True)
+    b = ceil.bounded_policy(case)
+    assert (b.min_time_s, b.max_time_s) == (ceil.CEILING_MIN_TIME_S, ceil.CEILING_MAX_TIME_S) == (0.05, 0.5)
+    assert (b.warmup_ms, b.min_samples, b.max_noise, b.cold_l2, b.hot, b.graph) == (50.0, 10, 0.02, True, False, False)
+    short = ceil.bounded_policy(TimingPolicy(min_time_s=0.01, max_time_s=0.02))
+    assert (short.min_time_s, short.max_time_s) == (0.01, 0.02)
 
 
 def test_host_gather_ceiling_is_the_faster_plain_gather(monkeypatch):

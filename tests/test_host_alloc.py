@@ -305,3 +305,106 @@ def test_memory_check_uses_free_memory_for_one_rank_and_the_host_size_for_severa
     # two ranks decide on the same figure (the host's size), never on what one of them sees free
     two = CaseExecutor(world_size=2, device=torch.device("cuda", 0))
     two._check_memory(case, PinnedUVAEmbedding, QWEN_BYTES // 2)
+
+
+# ------------------------------------------------------------------ torch's cached table block
+TABLE_32G = 34_359_746_560  # the 32 GiB table's allocation (its padded rows): a 64 GiB block, as the 47.7 GiB one's
+
+
+def _closed_torch_table(nbytes: int) -> None:
+    """A pinned torch-mode table's allocation closed: its block goes back to torch's cache."""
+    block = host_alloc.host_table_bytes(nbytes, "torch")
+    assert block == 64 * GiB or nbytes != TABLE_32G
+    host_alloc.HostAllocation("torch", nbytes, block, block).close()
+
+
+@pytest.fixture
+def torch_cache(monkeypatch):
+    """torch's host statistics, faked: ``state['cached']`` bytes allocated and not active."""
+    state = {"cached": 0, "active": 0, "known": True}
+
+    def stats():
+        if not state["known"]:
+            return {}
+        return {"allocated_bytes.current": state["cached"] + state["active"],
+                "active_bytes.current": state["active"]}
+
+    monkeypatch.setattr(host_alloc, "_torch_host_stats", stats)
+    host_alloc._CACHED_TABLE_BLOCKS.clear()
+    yield state
+    host_alloc._CACHED_TABLE_BLOCKS.clear()
+
+
+def test_a_closed_torch_tables_block_serves_a_table_of_its_size_class(torch_cache):
+    """The 32 GiB table's 64 GiB block, closed and still cached, serves the 47.7 GiB table (the
+    same power-of-two class); not a 100 GiB one, not when torch no longer holds it, not when
+    its statistics are unknown, and not after the cached blocks are released."""
+    assert not host_alloc.cached_table_block(QWEN_BYTES)  # nothing closed yet
+    _closed_torch_table(TABLE_32G)
+    torch_cache["cached"] = 64 * GiB
+    assert host_alloc.cached_table_block(QWEN_BYTES)
+    assert not host_alloc.cached_table_block(100 * GiB)  # a 128 GiB class
+    assert not host_alloc.cached_table_block(20 * GiB)  # a 32 GiB class
+    # freed with pending stream uses (the fill's non-blocking copies): active in torch's statistics
+    # until torch retires the completed events, which it does before it looks for a free block
+    torch_cache["cached"], torch_cache["active"] = 0, 64 * GiB
+    assert host_alloc.cached_table_block(QWEN_BYTES)
+    torch_cache["active"] = 0  # given back to the system behind the executor's back
+    assert not host_alloc.cached_table_block(QWEN_BYTES)
+    torch_cache.update(cached=64 * GiB, active=0, known=False)
+    assert not host_alloc.cached_table_block(QWEN_BYTES)
+    torch_cache["known"] = True
+    assert host_alloc.cached_table_block(QWEN_BYTES)
+    host_alloc.release_cached_pinned_blocks()
+    assert not host_alloc.cached_table_block(QWEN_BYTES)
+
+
+def test_exact_and_unpinned_closes_leave_no_cached_block(torch_cache):
+    torch_cache["cached"] = 128 * GiB
+    host_alloc.HostAllocation("exact", QWEN_BYTES, QWEN_BYTES, QWEN_BYTES).close()
+    host_alloc.HostAllocation("torch", QWEN_BYTES, QWEN_BYTES, 0).close()  # functional mode: nothing pinned
+    assert not host_alloc.cached_table_block(QWEN_BYTES)
+
+
+def test_a_table_served_from_the_cache_takes_the_block(torch_cache, monkeypatch):
+    """An allocation torch served from its cache (no new host block) takes the closed table's
+    block: a second table of that class finds none left."""
+    _closed_torch_table(TABLE_32G)
+    torch_cache["cached"] = 64 * GiB
+    real_empty = torch.empty
+    monkeypatch.setattr(host_alloc.torch, "empty",
+                        lambda *a, pin_memory=False, **k: real_empty(*a, **k))  # no CUDA to pin here
+    monkeypatch.setattr(host_alloc, "_torch_host_stats",
+                        lambda: {"num_host_alloc": 3, "allocated_bytes.current": 64 * GiB, "active_bytes.current": 0})
+    _table, alloc = host_alloc._allocate_torch(4, 8, torch.uint8, QWEN_BYTES, pinned=True)
+    assert alloc.from_cache is True
+    assert not host_alloc.cached_table_block(QWEN_BYTES)
+
+
+def test_memory_check_takes_the_cached_block_instead_of_releasing_it(torch_cache, monkeypatch):
+    """One rank, the 32 GiB table's 64 GiB block cached, 58 GiB free: the 47.7 GiB torch table
+    passes the check without giving the block back (it is pinned once for both tables); the
+    exact table, a 100 GiB torch table, or two ranks go the old way (release, look again)."""
+    import ple_bench.run.executor as executor_mod
+
+    monkeypatch.delenv("PLE_BENCH_HOST_MEM_BYTES", raising=False)
+    monkeypatch.setattr(executor_mod, "host_memory_bytes", lambda: 125 * GiB)
+    monkeypatch.setattr(host_alloc, "mem_available_bytes", lambda: 58 * GiB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * GiB, 141 * GiB))
+    released = []
+    monkeypatch.setattr(host_alloc, "release_cached_pinned_blocks", lambda: released.append(1) or 0)
+    _closed_torch_table(TABLE_32G)
+    torch_cache["cached"] = 64 * GiB
+    ex = CaseExecutor(device=torch.device("cuda", 0))
+    torch_case = Case(impl="pinned_uva", vocab_size=320_001_536, dim=160, dtype="fp8", host_alloc="torch")
+    ex._check_memory(torch_case, PinnedUVAEmbedding, QWEN_BYTES)  # fits: the cached block
+    assert released == []
+    big = Case(impl="pinned_uva", vocab_size=100 * GiB // 160, dim=160, dtype="fp8", host_alloc="torch")
+    with pytest.raises(SkipCase, match="host_alloc=torch"):
+        ex._check_memory(big, PinnedUVAEmbedding, big.table_bytes)
+    assert released == [1]  # another size class: released, looked again, still too big
+    two = CaseExecutor(world_size=2, device=torch.device("cuda", 0))
+    monkeypatch.setattr(executor_mod, "host_memory_bytes", lambda: 60 * GiB)
+    with pytest.raises(SkipCase):
+        two._check_memory(torch_case, PinnedUVAEmbedding, QWEN_BYTES)
+    assert released == [1, 1]

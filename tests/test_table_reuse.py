@@ -103,3 +103,22 @@ def test_a_table_of_other_rows_is_built_anew():
         rec = ex.run(Case(**{**base, **other, "impl": "pinned_cpu_gather"}), _policy())
         assert rec["table_reused"] is False, other
         assert ex.table.backend.host_allocation is not first
+
+
+def test_default_suite_puts_the_47_7_gib_torch_table_right_after_the_32_gib_one():
+    """Both tables take a 64 GiB block from torch's allocator: with no other pinned table
+    between them in the runner's order, the 47.7 GiB table takes the 32 GiB table's block from
+    torch's cache (executor: host_alloc.cached_table_block) instead of pinning 64 GiB again."""
+    from ple_bench.backends import get_backend, host_alloc
+    from ple_bench.run.loop import order_cases
+    from ple_bench.spec.suite import load_suite
+
+    order = order_cases(load_suite("default").cases)
+    in_host = [c for c in order if get_backend(c.impl).table_in_host_memory]
+    blocks = [(c.vocab_size, c.host_alloc) for c in in_host]
+    first_47 = blocks.index((320_001_536, "torch"))
+    assert blocks[first_47 - 1] == (214_748_364, "torch")
+    # the 32 GiB table's allocation (its rows padded: 34 359 746 560 B in the H200 records) and
+    # the 47.7 GiB one round up to the same block
+    for size in (34_359_746_560, 320_001_536 * 160):
+        assert host_alloc.host_table_bytes(size, "torch") == 64 << 30

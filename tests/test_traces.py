@@ -251,3 +251,25 @@ def test_advise_cli_refuses_a_bad_ids_with_exit_2():
         r = subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args, "--ids", ids], cwd=root,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_distinct_count_by_sort_is_np_unique_for_numpy_and_torch():
+    """The record's unique_rows_fraction is counted by a sort on the ids' own device (torch
+    tensors as the executor holds them, numpy arrays as scripts pass them): the same count
+    as np.unique, for uniform, skewed, repeated, one-element and empty batches."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    batches = [rng.integers(0, 1 << 40, size=(4096, 16)), rng.integers(0, 50, size=(300, 4)),
+               np.zeros((7, 3), dtype=np.int64), np.array([[9]]), np.empty((0, 16), dtype=np.int64),
+               np.array([[-3, 5], [5, -3]])]
+    for ids in batches:
+        want = len(np.unique(ids))
+        assert traces.distinct_count(ids) == want
+        assert traces.distinct_count(torch.from_numpy(ids)) == want
+        frac = want / ids.size if ids.size else 0.0
+        assert traces.unique_fraction(ids) == frac
+        assert traces.unique_fraction(torch.from_numpy(ids)) == frac
+    sets = [rng.integers(0, 1000, size=(256, 16)) for _ in range(8)]
+    assert traces.batch_traffic([torch.from_numpy(s) for s in sets]) == traces.batch_traffic(sets) == float(
+        np.median([len(np.unique(s)) / s.size for s in sets]))

@@ -28,6 +28,7 @@ message)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import mmap
@@ -150,10 +151,33 @@ def _torch_host_stats() -> dict[str, Any]:
         return {}
 
 
+#: pinned torch-mode table blocks given back to torch's cache by :meth:`HostAllocation.close`
+#: and not taken since (block bytes -> count); emptied by :func:`release_cached_pinned_blocks`
+_CACHED_TABLE_BLOCKS: collections.Counter = collections.Counter()
+
+
+def cached_table_block(nbytes: int) -> bool:
+    """Whether a pinned ``torch`` table of ``nbytes`` would be served from torch's cache, so
+    that it takes no new host memory: a table of the same power-of-two block size was closed
+    (the executor frees its tables, then collects garbage, before the next table's memory
+    check) and torch still holds at least that many pinned bytes (its statistics; nothing was
+    given back to the system since).  torch serves a request from a free block of its
+    power-of-two size class, after retiring the completed events of blocks freed with pending
+    stream uses (a table filled by non-blocking copies is one: its block counts as active until
+    then), so a 32 GiB table's 64 GiB block serves the 47.7 GiB table.  False where the
+    statistics are not known."""
+    block = host_table_bytes(nbytes, "torch")
+    if _CACHED_TABLE_BLOCKS.get(block, 0) <= 0:
+        return False
+    held = _torch_host_stats().get("allocated_bytes.current")
+    return held is not None and int(held) >= block
+
+
 def release_cached_pinned_blocks() -> int:
     """Give torch's cached (freed, unused) pinned blocks back to the system; the bytes
     released as far as torch's host statistics tell (0 when unknown)."""
     gc.collect()
+    _CACHED_TABLE_BLOCKS.clear()
     fn = getattr(torch._C, "_host_emptyCache", None)
     if fn is None or not torch.cuda.is_available():
         return 0
@@ -221,6 +245,8 @@ class HostAllocation:
         if self.freed:
             return
         self.freed = True
+        if self.mode == "torch" and self.pinned_bytes:
+            _CACHED_TABLE_BLOCKS[self.host_bytes] += 1  # the block goes back to torch's cache
         if self._registered_ptr is not None:
             if self._device is not None and self._device.type == "cuda":
                 torch.cuda.synchronize(self._device)  # no kernel may still read the range
@@ -273,6 +299,8 @@ def _allocate_torch(rows: int, dim: int, dtype: torch.dtype, nbytes: int,
         after = _torch_host_stats().get("num_host_alloc")
         if before is not None and after is not None:
             alloc.from_cache = after == before
+        if alloc.from_cache and _CACHED_TABLE_BLOCKS.get(host, 0) > 0:
+            _CACHED_TABLE_BLOCKS[host] -= 1  # this table took a closed table's block
         alloc.note = ("torch.empty(pin_memory=True): a power-of-two block"
                       + (" served from torch's cache (pinned earlier)" if alloc.from_cache else ""))
     else:
