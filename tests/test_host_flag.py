@@ -80,14 +80,14 @@ def test_every_piece_flag_holds_the_post_number_once_the_rows_are_in():
     b.close()
 
 
-def test_a_lookup_of_other_ids_than_the_posted_ones_posts_its_own():
+def test_every_eager_call_posts_its_own_ids():
     b = _backend()
-    posted, other = _ids(1), _ids(2)
-    b.post_ids(posted)
+    first, other = _ids(1), _ids(2)
+    b.post_ids(first, launched=False)  # a post nobody consumes does not stand in for a later call's
     assert torch.equal(b.lookup(other).view(torch.uint8), _want(other))
     assert b.host_node_timing()[0]["runs"] == 2
-    b.post_ids(posted)
-    assert torch.equal(b.lookup(posted).view(torch.uint8), _want(posted))  # the post is consumed
+    b.start_prefetch(first)
+    assert torch.equal(b.finalize().view(torch.uint8), _want(first))
     assert b.host_node_timing()[0]["runs"] == 3
     b.close()
 
@@ -105,20 +105,46 @@ def test_an_id_past_the_table_raises_and_the_next_lookup_is_right(bad):
 
 
 @pytest.mark.parametrize("prefetch", [True, False])
-def test_the_step_posts_its_host_ids_and_its_gate_catches_other_rows(prefetch):
+def test_the_step_gate_passes_and_catches_other_rows(prefetch):
     b = _backend(chunks=2)
     step = DecodeStep(b, hidden=32, num_tokens=8, compute_layers=2, prefetch=prefetch, ids_on="host")
     sets = [_ids(s) for s in range(3)]
     check_step(step, sets, SEED)
-    posts = b._native.posted()
-    step.set_inputs(sets[0])
-    assert b._native.posted() == posts + 1  # set_inputs started the gather
-    step.run()
-    assert b._native.posted() == posts + 1  # the step used that post
-    assert torch.equal(step.rows.view(torch.uint8), _want(sets[0]))
     b.fill_synthetic(SEED + 1, scale=0.5)
     with pytest.raises(StepMismatch):
         check_step(step, sets, SEED)
+    step.close()
+    b.close()
+
+
+class _FakeGraph:
+    """A stand-in for a captured full graph on a CPU: capture runs the body once, replay again."""
+
+    def __init__(self, mode):
+        self.captured = False
+
+    def capture(self, body, warmup=0):
+        self.body = body
+        self.captured = True
+
+    def replay(self):
+        self.body()
+
+
+def test_a_full_graph_replay_is_followed_by_the_post_of_the_step_ids():
+    b = _backend()
+    step = DecodeStep(b, hidden=32, num_tokens=8, compute_layers=1, prefetch=True, graph="full", ids_on="host",
+                      graph_factory=_FakeGraph)
+    calls = []
+    real_post = b.post_ids
+    b.post_ids = lambda ids, launched=True: (calls.append((ids, launched)), real_post(ids, launched))[1]
+    step.set_inputs(_ids(4))
+    assert calls == []  # writing the ids posts nothing
+    run = step.runner("step")
+    run()
+    assert len(calls) == 2 and calls[-1][0] is step.ids and calls[-1][1] is True  # the body's, then the step's
+    step.runner("compute")()
+    assert len(calls) == 2  # the compute alone posts nothing
     step.close()
     b.close()
 

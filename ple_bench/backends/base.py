@@ -35,8 +35,8 @@ ceiling binds the path), ``takes_table`` (its constructor takes ``table=``, a fi
 backend gave up with :meth:`PLEEmbedding.hand_over_table`), ``host_work_capturable`` (the path's
 host work is enqueued as stream work -- host functions and copies -- so a CUDA graph captures it
 whole: the engine allows ``graph = "full"`` for it), ``posts_ids`` (the path starts its host work
-when the step's host ids are written, before the step is launched: the step calls
-:meth:`PLEEmbedding.post_ids`), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
+when the step's one graph has been launched: the step calls :meth:`PLEEmbedding.post_ids` with its
+host ids right after the launch), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
 sample of past traffic before it is measured), ``side_stream_settings`` (which
 of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
@@ -167,9 +167,9 @@ class PLEEmbedding(ABC):
     #: ``cudaLaunchHostFunc``, then a copy), which a CUDA graph captures: a full graph of the
     #: step is possible even where the path reads the ids on the host
     host_work_capturable: ClassVar[bool] = False
-    #: the path starts its host work when the step's ids are known on the host (a server's
-    #: scheduler knows them when the step starts): the decode step calls :meth:`post_ids` with
-    #: its host ids each time it writes them, before it launches the step
+    #: the path starts its host work on the step's host ids once the step's one CUDA graph is
+    #: launched (its graph waits for the rows on the device): after each replay of a full graph
+    #: with host ids, the decode step calls :meth:`post_ids`; eager calls post their own ids
     posts_ids: ClassVar[bool] = False
     #: :meth:`warm_cache` fills a cache from a sample of past traffic: the engine calls it
     #: (with an independent sample of the case's id distribution) before checking and timing
@@ -336,9 +336,9 @@ class PLEEmbedding(ABC):
         return None
 
     def post_ids(self, ids: torch.Tensor) -> None:
-        """The step's host ids, written before the step is launched (called by the decode step
-        when ``posts_ids`` is declared): a path may start its host work on them now, and must not
-        keep the tensor's contents past the call.  Nothing to do by default."""
+        """The step's host ids, posted right after the step's graph was launched (called by the
+        decode step when ``posts_ids`` is declared): a path starts its host work on them now, and
+        must not read the tensor after the call returns.  Nothing to do by default."""
         return None
 
     def check_deferred_errors(self) -> None:

@@ -1,46 +1,47 @@
-"""``pinned_host_flag``: the host gather starts when the step's ids are known on the host,
-before the step's graph is launched; the graph waits for the rows on a flag.
+"""``pinned_host_flag``: the host gather started by the host right after it launches the step's
+one CUDA graph, by a persistent thread team; the graph waits for the rows on a flag.
 
-:mod:`.host_graph` makes the host gather a host node of the step's one CUDA graph, so the
-gather starts when the driver's callback thread runs it: 24-33 us after the replay's launch
-on the lent H200 hosts, on the step's critical path once the gather is long (8 192 rows at
-512 tokens: docs/faster-than-hbm.md).  A server knows the step's ids on the host when the
-step starts (its scheduler sampled them), so nothing forces the gather to wait for the graph:
+:mod:`.host_graph` makes the host gather a host node of the step's graph, so the gather starts
+when the driver's callback thread runs it: 24-33 us after the replay's launch on the lent H200
+hosts, with an OpenMP team woken for each node.  A server knows the step's ids on the host when
+the step starts (its scheduler sampled them), so the host can start the gather itself as soon as
+the launch call returns, on threads that are already awake:
 
-    host:   post(ids) -> team gathers piece 0 | piece 1 | ... into pinned staging, then
-            writes the post's number into each piece's pinned flag word
+    host:   launch(graph); post(ids) -> the team gathers piece 0 | piece 1 | ... into pinned
+            staging; each piece, once in, gets the post's number in its pinned flag word
     graph:  main:  fork ---------------- compute (matmuls) ---------------- join -- consumer
-            side:        wait(flag 0) -> copy 0 -> wait(flag 1) -> copy 1 ... --'
+            side:        poll(flag 0) -> copy 0 -> poll(flag 1) -> copy 1 ... --'
 
-``post_ids`` (the decode step calls it when it writes the step's host ids, before it launches
-the graph: a backend that declares ``posts_ids``) hands the ids to a persistent team of
+``post_ids`` (the decode step calls it right after each replay of the step's full graph with
+host ids: a backend that declares ``posts_ids``) hands the ids to a persistent team of
 ``gather_threads`` threads (the native ``PostedGather``: backends/native/host_gather.cpp) and
-returns at once.  In the graph, a one-thread Triton kernel per piece polls that piece's flag
-word (host memory, read through UVA) until it holds the post's number, then a
-``cudaMemcpyAsync`` node copies the piece; with ``chunks`` > 1 the copy of a piece overlaps
-the gather of the next.  No SMs gather: the poll kernels occupy one SM's thread each for as
-long as they wait.
+returns at once.  In the graph, a one-program Triton kernel per piece polls that piece's flag
+word (host memory, read through UVA) until it is set, zeroes it, and a ``cudaMemcpyAsync`` node
+copies the piece; with ``chunks`` > 1 the copy of a piece overlaps the gather of the next.  No
+SMs gather: the poll kernels occupy one SM's warp each while they wait.  The rows of the team
+are handed out by one counter (dynamic scheduling), and a post is done when its last row is.
 
-Eager calls (a lookup without a post, the warm-ups before a capture) post their own ids first,
-unless the tensor they get is the one posted and not yet consumed.  A replay that was not
-preceded by a post finds the flags at the last post's number and copies the rows already in
-staging (stale: the step's byte check catches that); a poll that finds nothing for
-:data:`MAX_POLLS` polls (about a second) gives up, and :meth:`check_deferred_errors` raises.
+Eager calls (a lookup, a breakable step's breaks, the warm-ups before a capture) post their own
+ids, then enqueue the polls and copies.  A replay not followed by a post polls for
+:data:`MAX_POLLS` reads (about a second), gives up, copies stale rows (the step's byte check
+catches them) and :meth:`check_deferred_errors` raises.  A post waits for the copies of the
+previous one (an event recorded after them), so a replay's copies never read rows of a later post.
 
-Needs host ids (``ids_on = "host"``): with device ids the rows' ids are not on the host when
-the step starts (``NotImplementedError``: skipped).  One rank owns the whole table, as for
-:mod:`.host_graph`.  On a CPU (functional mode) the team gathers and the caller waits for it
-on the host, then copies staging into the output.
+Needs host ids (``ids_on = "host"``): with device ids the rows' ids are not on the host when the
+step starts (``NotImplementedError``: skipped).  One rank owns the whole table, as for
+:mod:`.host_graph`.  On a CPU (functional mode) the team gathers and the caller waits for it on
+the host, then copies staging into the output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 import torch
 
 from ..annotate import annotate
-from .cudart import MEMCPY_H2D, RawEvent, memcpy_raw
+from .cudart import MEMCPY_H2D, RawEvent, current_stream_handle, memcpy_raw
 from .extra_paths import default_gather_threads
 from .host_graph import DEFAULT_GRAIN, PinnedHostGraphEmbedding
 from .native import host_gather_module, native_error
@@ -65,16 +66,18 @@ def _build_poll_kernel():
 
         @triton.jit
         def wait_flag(flags_ptr, piece, max_polls):
-            # flags: [0] the post's number, [1] timed-out polls, [2 + piece] the last post whose
-            # piece is in staging; one program, one thread's worth of scalar loads
-            target = tl.load(flags_ptr, volatile=True)
+            # flags: [0] the post's number, [1] timed-out polls, [2 + piece] 0 until the piece's
+            # rows are in staging (then the post's number); one program of scalar loads, which
+            # zeroes the word it saw set, so that the next replay waits for the next post
             seen = tl.load(flags_ptr + 2 + piece, volatile=True)
             polls = 0
-            while (seen != target) & (polls < max_polls):
+            while (seen == 0) & (polls < max_polls):
                 seen = tl.load(flags_ptr + 2 + piece, volatile=True)
                 polls += 1
-            if seen != target:
+            if seen == 0:
                 tl.store(flags_ptr + 1, tl.load(flags_ptr + 1, volatile=True) + 1)
+            else:
+                tl.store(flags_ptr + 2 + piece, 0)
 
         _poll_kernel = wait_flag
     return _poll_kernel
@@ -96,16 +99,16 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
             raise ValueError(f"spin_us must be a non-negative integer, got {spin_us!r}")
         if not isinstance(pin_threads, bool):
             raise ValueError(f"pin_threads must be true or false, got {pin_threads!r}")
-        # the team leaves a core to the thread that launches the graph
-        gather_threads = gather_threads or max(1, default_gather_threads() - 1)
+        # half the cores: the team spins between posts, and the thread that launches the graph,
+        # the driver's threads and torch's own intra-op team need cores beside it (with 14-15 of 16
+        # cores spinning on the H200 host, a descheduled thread held a post up by ~2 ms)
+        gather_threads = gather_threads or max(1, default_gather_threads() // 2)
         super().__init__(num_embeddings, embedding_dim, gather_threads=gather_threads, grain=grain, **kwargs)
         self.chunks = chunks
         self.spin_us = spin_us
         self.pin_threads = pin_threads
         self._flags: torch.Tensor | None = None  # pinned int64 [2 + chunks]
         self._flags_dev: torch.Tensor | None = None  # its UVA view (the poll kernel's argument)
-        self._posted_ids: torch.Tensor | None = None  # the tensor the last post was for, until consumed
-        self._posted_n = 0
         self._timeouts_seen = 0
 
     # ----------------------------------------------------------- buffers
@@ -130,7 +133,6 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
         if self._flags is None:
             self._flags = torch.zeros(2 + self.chunks, dtype=torch.int64, pin_memory=pin)
             self._flags_dev = None if self.functional else cuda_view_of_pinned(self._flags, self.device)
-        self._posted_ids = None
         if self._native is None:
             mod = host_gather_module()
             if mod is None:
@@ -148,13 +150,14 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
             self._host_s_base += self._live_host_s()
             self._native.stop()
         self._native = None
-        self._posted_ids = None
 
     # ----------------------------------------------------------- the post
-    def post_ids(self, ids: torch.Tensor) -> None:
-        """Start gathering the rows of host ``ids`` now (the step's ids, written before its graph
-        is launched); returns at once.  Waits for the previous post's rows and for the last eager
-        copy out of staging first.  The ids are copied: the caller may reuse its tensor."""
+    def post_ids(self, ids: torch.Tensor, launched: bool = True) -> None:
+        """Start gathering the rows of host ``ids`` now; returns at once.  The decode step calls it
+        right after it launched the step's one graph (``launched``: that graph's polls and copies
+        consume this post); an eager call posts its own ids (``launched=False``) before it enqueues
+        the polls and copies.  Waits first for the copies of the previous post (and the team for
+        its rows); the ids are copied, the caller may reuse its tensor."""
         if ids.is_cuda:
             raise NotImplementedError("pinned_host_flag gathers when the ids are known on the host "
                                       "(ids_on = host); device ids reach the host only inside the step")
@@ -162,22 +165,24 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
         n = flat.numel()
         self._ensure(n)
         with annotate("post_ids", color="green"):
-            self._native.wait()
-            if self._ids_busy:  # an eager copy out of staging may still run
+            if self._ids_busy:  # the copies (and polls) of the last post may still run
                 self._ids_free.synchronize()
                 self._ids_busy = False
-            nbytes = n * flat.element_size()
-            self._eager_ids[:nbytes].copy_(flat.contiguous().view(torch.uint8))
+            if not flat.is_contiguous():
+                flat = flat.contiguous()
+            # one memmove, not torch's copy: 64 KiB or more would wake torch's intra-op team
+            ctypes.memmove(self._eager_ids.data_ptr(), flat.data_ptr(), n * flat.element_size())
             g = self._native.post(self._eager_ids.data_ptr(), n, flat.dtype == torch.int32,
                                   self._staging.data_ptr(), self._flags.data_ptr(), self.chunks)
             if g < 0:
                 raise native_error(self._native)
-        self._posted_ids = ids
-        self._posted_n = n
+            if launched and not self.functional:  # the graph just launched polls and copies for this post
+                self._ids_free.record(current_stream_handle(self.device.index))
+                self._ids_busy = True
 
     def _enqueue(self, ids: torch.Tensor, stream: int | None) -> int:
-        """Post ``ids`` unless they are the ones posted and not yet consumed (eagerly); nothing
-        during a capture (the replay's post comes from ``post_ids``). Returns the row count."""
+        """Post ``ids`` (eagerly); nothing during a capture (a replay's post comes from the decode
+        step, right after the launch). Returns the row count."""
         if ids.is_cuda:
             raise NotImplementedError("pinned_host_flag needs host ids (ids_on = host): it gathers "
                                       "before the step's graph is launched")
@@ -187,9 +192,7 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
             self._ensure(n)
             self._captured.append((n, ids))
             return n
-        if self._posted_ids is not ids or self._posted_n != n:
-            self.post_ids(ids)
-        self._posted_ids = None
+        self.post_ids(ids, launched=False)
         return n
 
     def _side_context(self, stream: int):

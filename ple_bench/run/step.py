@@ -31,8 +31,8 @@ updates in place; ``full`` -- the whole step is one graph, possible only where
 those calls read nothing on the host (no DP gather) and do no host work on the
 calling thread (not a ``blocks_host`` path), or where the backend declares
 ``host_work_capturable`` (its host gather is a host node of the graph:
-``pinned_host_graph``; or started by :meth:`DecodeStep.set_inputs` before the launch, the graph
-polling a flag for its rows: ``pinned_host_flag``, a ``posts_ids`` path).  On a CPU everything runs
+``pinned_host_graph``; or posted by the step right after it launches its one graph, which polls a
+flag for the rows: ``pinned_host_flag``, a ``posts_ids`` path).  On a CPU everything runs
 synchronously and eagerly (functional mode); graph modes are
 ``NotImplementedError`` ("needs CUDA"), which the runner records as skipped.
 
@@ -43,6 +43,7 @@ returns its record fields (see its docstring).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -222,12 +223,10 @@ class DecodeStep:
             # the previous step may still be copying from this pinned buffer: a server refills
             # its host-side inputs once the previous step is done (it needs its sampled tokens)
             torch.cuda.synchronize(self.device)
-            self.ids.copy_(ids)
+            _host_copy(self.ids, ids)
         else:
             self.ids.copy_(ids, non_blocking=True)
         self.dp_counts[:] = [int(c) for c in dp_token_counts] if dp_token_counts is not None else []
-        if self.ids_on == "host" and type(self.backend).posts_ids:
-            self.backend.post_ids(self.ids)  # its host work starts now, before the step is launched
 
     # ------------------------------------------------------------ pieces
     def _lookup_into(self, out: torch.Tensor) -> torch.Tensor:
@@ -314,8 +313,22 @@ class DecodeStep:
                 graph.capture(body, warmup=2)
             self.graphs[key] = graph
             fn = graph.replay
+            if mode == "full" and kind != "compute" and self.ids_on == "host" and type(self.backend).posts_ids:
+                fn = self._posting(fn)
         self._runners[key] = fn
         return fn
+
+    def _posting(self, replay: Callable[[], Any]) -> Callable[[], Any]:
+        """``replay``, then the step's host ids posted to the backend: a ``posts_ids`` path's host
+        work starts once the step's one graph is launched (its graph waits for the rows), off the
+        launch's critical path, as a server would start it after launching the step."""
+        post, ids = self.backend.post_ids, self.ids
+
+        def launch_then_post() -> None:
+            replay()
+            post(ids)
+
+        return launch_then_post
 
     def run(self, mode: str | None = None) -> torch.Tensor:
         self.runner("step", mode)()
@@ -458,6 +471,17 @@ class DecodeStep:
             self._probe.start()
         else:
             self._probe.stop()
+
+
+def _host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for host tensors, as one memmove where both are contiguous of one dtype
+    (what a scheduler writing its ids does): torch's copy of 64 KiB or more wakes its intra-op
+    thread team, whose threads then compete with a host path's own threads for the cores."""
+    if (dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype and dst.numel() == src.numel()
+            and src.device.type == "cpu" and dst.device.type == "cpu"):
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size())
+    else:
+        dst.copy_(src)
 
 
 def calibration_key(device: torch.device, hidden: int, num_tokens: int, act_dtype: torch.dtype, ring: int,

@@ -17,7 +17,7 @@ one piece and four: the gather posted by ``set_inputs`` before the launch), ``pi
   ``node_start_us`` (launch -> the host node starts: the graph's fork and the driver's callback
   hand-off), ``gather_us`` (the row loop), ``tail_us`` (the host node ends -> synchronize returns:
   the copy node, the join and whatever compute is left); for the flag path the same from its
-  team's timestamps, ``node_start_us`` counted from the feed (the post is in it);
+  team's timestamps (``node_start_us``: launch -> the post, which the step makes after the launch);
 
     python scripts/gpu/host_graph_timeline.py --vocab 214748364 320001536 --shapes 64x150 256x200 512x200
 
@@ -44,7 +44,6 @@ def _med(xs):
 def _replays(step, kind, sets, reps, backend=None, mode="full"):
     run = step.runner(kind, mode)
     out = {"step_us": [], "from_feed_us": [], "node_start_us": [], "gather_us": [], "tail_us": []}
-    posts = type(step.backend).posts_ids
     for i in range(reps + 5):
         t_feed = time.monotonic_ns()
         step.set_inputs(sets[i % len(sets)])
@@ -58,7 +57,7 @@ def _replays(step, kind, sets, reps, backend=None, mode="full"):
         out["from_feed_us"].append((t2 - t_feed) / 1e3)
         if backend is not None:
             last = max(backend.host_node_timing(), key=lambda t: t["last_end_ns"])
-            out["node_start_us"].append((last["last_start_ns"] - (t_feed if posts else t0)) / 1e3)
+            out["node_start_us"].append((last["last_start_ns"] - t0) / 1e3)
             out["gather_us"].append(last["last_us"])
             out["tail_us"].append((t2 - last["last_end_ns"]) / 1e3)
     return {k: _med(v) for k, v in out.items() if v}

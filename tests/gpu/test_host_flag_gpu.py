@@ -76,8 +76,9 @@ def test_full_graph_step_is_one_graph_and_bit_exact(chunks):
     b.close()
 
 
-def test_the_gather_starts_before_the_launch():
-    """set_inputs posts: the team is gathering (or done) before the graph is replayed."""
+def test_the_step_posts_right_after_the_launch():
+    """A replay of the full graph is followed by the step's post: the team starts after the launch
+    call returned, and the rows are the ids'."""
     b = _backend()
     step = DecodeStep(b, hidden=1024, num_tokens=TOKENS, compute_layers=4, prefetch=True, graph="full",
                       ids_on="host")
@@ -85,10 +86,12 @@ def test_the_gather_starts_before_the_launch():
     check_step(step, sets, SEED)
     run = step.runner("step")
     step.set_inputs(sets[1])
+    posts = b.host_node_timing()[0]["runs"]
     t_launch = time.monotonic_ns()
     run()
     torch.cuda.synchronize()
-    assert b.host_node_timing()[0]["last_start_ns"] < t_launch
+    timing = b.host_node_timing()[0]
+    assert timing["runs"] == posts + 1 and timing["last_start_ns"] > t_launch
     assert torch.equal(step.rows.view(torch.uint8), _ref(sets[1]).view(torch.uint8))
     step.close()
     b.close()
@@ -109,33 +112,24 @@ def test_full_graph_id_past_the_table_is_reported_not_crashed():
     b.close()
 
 
-def test_a_replay_without_a_post_copies_stale_rows_that_the_gate_catches():
-    b = _backend()
-    step = DecodeStep(b, hidden=1024, num_tokens=TOKENS, compute_layers=2, prefetch=True, graph="full",
-                      ids_on="host")
-    check_step(step, [_ids(1).cpu()], SEED)
-    run = step.runner("step")
-    step.ids.copy_(_ids(2))  # written behind the path's back: nothing posted
-    run()
-    torch.cuda.synchronize()
-    assert not torch.equal(step.rows.view(torch.uint8), _ref(_ids(2)).view(torch.uint8))
-    b.check_deferred_errors()  # the flags held the last post's number: no poll waited, none timed out
-    step.close()
-    b.close()
-
-
-def test_breakable_and_full_agree_and_the_poll_gives_up():
-    b = _backend(gather_threads=4, chunks=3)
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_a_replay_without_a_post_gives_up_and_is_reported(chunks):
+    """The graph alone (no post after it): every poll gives up after MAX_POLLS reads, the rows are
+    stale, and check_deferred_errors says so; the next posted step is right again."""
+    b = _backend(gather_threads=4, chunks=chunks)
     step = DecodeStep(b, hidden=1024, num_tokens=TOKENS, compute_layers=2, prefetch=True, graph="breakable",
                       ids_on="host")
     sets = [_ids(s).cpu() for s in range(3)]
     check_step(step, sets, SEED)
-    check_step(step, sets, SEED, mode="full")
-    b._flags[0] += 1  # a post number no piece will reach: every poll gives up after MAX_POLLS reads
-    step.runner("step", "full")()
+    check_step(step, sets, SEED, mode="full")  # breakable and full agree
+    graph = step.graphs[("step", "full")]
+    step.set_inputs(_ids(9).cpu())
+    graph.replay()  # the graph without the step's post
     torch.cuda.synchronize()
+    assert not torch.equal(step.rows.view(torch.uint8), _ref(_ids(9)).view(torch.uint8))
     with pytest.raises(RuntimeError, match=f"timed out after {MAX_POLLS}"):
         b.check_deferred_errors()
+    check_step(step, sets, SEED, mode="full")
     step.close()
     b.close()
 

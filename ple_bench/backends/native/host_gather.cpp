@@ -520,10 +520,11 @@ class HostGraphGather {
 // graph that consumes its rows is launched, by a persistent team of threads of its own:
 // nothing waits for a driver callback thread to start it (a host node starts 24-33 us after
 // its graph's launch on the lent H200 hosts). Its rows go into pinned staging in ``chunks``
-// contiguous pieces; once every row of piece c is in, the team writes the post's number into
-// the pinned flag word ``flags[2 + c]``, which a one-thread kernel of the graph polls
-// (backends/host_flag.py) before the copy of that piece. ``flags[0]`` is the post's number,
-// written before the team starts; ``flags[1]`` counts the polls that timed out (the kernel's).
+// contiguous pieces; a post first zeroes the pinned flag words ``flags[2 + c]``, and once every
+// row of piece c is in, the team writes the post's number (never 0) into its word, which a
+// one-thread kernel of the graph polls until it is not 0, then zeroes it (backends/host_flag.py)
+// before the copy of that piece. ``flags[0]`` is the post's number; ``flags[1]`` counts the polls
+// that timed out (the kernel's). The caller posts only once the kernels of the previous post ran.
 //
 // Rows are handed out ``grain`` at a time from one counter (dynamic scheduling: no thread
 // waits for a slower one's fixed share), in row order, so the pieces complete about in order.
@@ -593,13 +594,14 @@ class PostedGather {
     const int64_t g = posted_ + 1;
     // first: from now on no thread can claim a grain of the previous post (see rows())
     next_.store(uint64_t(g) << 32, std::memory_order_seq_cst);
+    flags_ = reinterpret_cast<int64_t*>(flags);
+    for (int64_t c = 0; c < chunks; ++c) __atomic_store_n(&flags_[2 + c], int64_t(0), __ATOMIC_SEQ_CST);
     ids_ = reinterpret_cast<const void*>(ids);
     ids32_ = ids32;
     n_ = n;
     grains_ = grains;
     chunks_ = chunks;
     staging_ = reinterpret_cast<uint8_t*>(staging);
-    flags_ = reinterpret_cast<int64_t*>(flags);
     for (int64_t c = 0; c < chunks; ++c) {  // grain g is in piece g * chunks / grains (as rows() says)
       const int64_t g0 = (c * grains + chunks - 1) / chunks;
       const int64_t g1 = ((c + 1) * grains + chunks - 1) / chunks;
@@ -641,9 +643,9 @@ class PostedGather {
 
   void clear() { bad_pos_.store(-1); }
 
-  // (posts, last post ns, last end ns, total ns post->end, CPU ns of the workers in jobs)
+  // (posts, last post ns, last end ns, total ns post->end of the posts done, CPU ns of the workers in jobs)
   std::vector<int64_t> timing() const {
-    return {done_.load(), post_ns_.load(), end_ns_.load(), total_ns_.load(), cpu_ns_.load()};
+    return {posted_, post_ns_.load(), end_ns_.load(), total_ns_.load(), cpu_ns_.load()};
   }
 
   // the workers end (after the job in flight); the table reference is dropped
