@@ -4,11 +4,17 @@ decode step's gate and that the step posts its host ids before it runs."""
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
+from ple_bench.advise.answer import advise
 from ple_bench.backends.native import host_gather_module
+from ple_bench.report import verdict
 from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 from ple_bench.testing import check_backend
 
@@ -169,3 +175,59 @@ def test_back_to_back_posts_never_mix_rows_of_two_posts():
         assert b._flags.tolist()[2:] == [k + 1] * 3
         assert torch.equal(b._staging[: ids.numel()], wants[k % 4])
     b.close()
+
+
+RUN = Path(__file__).resolve().parents[1] / "docs" / "runs" / "20261202-103149-faster_than_hbm-4c8f"
+
+
+def test_the_verdict_and_advise_rank_the_archived_flag_steps():
+    """The H200 run of the faster_than_hbm suite (flag path and resident steps): the flag path's
+    full-graph steps are verdict candidates held against their resident baseline, and advise
+    ranks the path."""
+    with gzip.open(RUN / "records.jsonl.gz", "rt") as fh:
+        recs = [json.loads(line) for line in fh]
+    for r in recs:
+        r["_run_id"] = RUN.name
+    flagged = [r for r in verdict.candidates(recs) if r["impl"] == "pinned_host_flag" and r["graph"] == "full"]
+    assert flagged
+    for r in flagged:
+        assert r["offload_overhead"] == pytest.approx(r["step_ms"] / r["offload_baseline_ms"] - 1)
+    a = advise(table_bytes=32 << 30, dim=160, dtype="fp8", heads=16, tokens=[256], compute_us=200, records=recs)
+    assert "pinned_host_flag" in {o.path for o in a.answers[0].options}
+
+
+FLAG_SUITE = """
+[suite]
+description = "pinned_host_flag, functional"
+[suite.timing]
+warmup_ms = 0
+min_samples = 3
+max_samples = 5
+max_time_s = 0.2
+[defaults]
+vocab_size = 4096
+dim = 16
+dtype = "fp8"
+num_heads = 4
+num_tokens = 8
+[[group]]
+name = "flag"
+kind = ["lookup", "step"]
+impl = "pinned_host_flag"
+prefetch = ["on", "off"]
+compute_us = 20
+hidden = 64
+ids_on = "host"
+extra = { chunks = 2 }
+"""
+
+
+def test_a_functional_run_passes_the_gate_for_every_case(tmp_path):
+    """``python -m ple_bench run`` on a CPU: the path's lookups and steps pass the engine's gate."""
+    from tests.test_cli import run_suite_text
+
+    run_dir, _ = run_suite_text(tmp_path, FLAG_SUITE)
+    recs = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line.strip()]
+    mine = [r for r in recs if r["impl"] == "pinned_host_flag"]
+    assert mine and all(r["status"] == "ok" for r in mine), [(r["case_id"], r.get("error")) for r in mine]
+    assert {r["gather_impl"] for r in mine} == {"posted_team"}
