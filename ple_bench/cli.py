@@ -31,7 +31,7 @@ from .record import markdown
 from .report import add_report_args, build_report, run_report
 from .report.compare import add_compare_args, run_compare
 from .results import RunFileError, ensure_writable_dir, expected_case_ids, load_meta
-from .run.loop import RunOptions, run_suite, select_cases, summary_lines
+from .run.loop import RunOptions, read_calibration_file, run_suite, select_cases, summary_lines
 from .spec.listing import case_json, format_cases, format_cases_narrow
 from .spec.suite import SuiteError, list_suites, load_suite
 
@@ -56,6 +56,10 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-dir", default="results", type=Path, help="where run folders go (default: results/)")
     p.add_argument("--reports-dir", default="reports", type=Path, help="where HTML reports go (default: reports/)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="run only the cases missing from RUN_DIR")
+    p.add_argument("--calibration", type=Path, metavar="FILE",
+                   help="start with the compute calibrations of FILE (an earlier run's calibration.json): "
+                        "decode steps of the same shape run the same matmul counts, so compare can hold them "
+                        "against that run's (scripts/nightly.sh passes its baseline's)")
     p.add_argument("--case-timeout", type=float, default=900.0, help="seconds before a case is declared hung")
     p.add_argument("--no-report", action="store_true", help="do not build the HTML report at the end")
     p.add_argument("--no-progress", action="store_true",
@@ -187,8 +191,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             ensure_writable_dir(reports_dir, "--reports-dir")
     if note and not quiet:
         print(note, file=sys.stderr)
+    calibration = None
+    if args.calibration is not None:
+        if args.resume:
+            raise UsageError("--calibration starts a new run; a resumed run keeps its own calibration.json")
+        try:
+            calibration = read_calibration_file(args.calibration)
+        except ValueError as exc:
+            raise UsageError(f"--calibration: {exc}") from None
     options = RunOptions(
-        results_dir=results_dir, resume=resume,
+        results_dir=results_dir, resume=resume, calibration=calibration,
         case_filter=args.case, case_timeout_s=args.case_timeout,
         progress=not args.no_progress,
         nvtx=not args.no_nvtx, profile_window=args.profile_window,

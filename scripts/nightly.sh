@@ -32,7 +32,9 @@
 #   PLE_BENCH_ACCEPT=1   after the compare, tonight's runs join the baseline, which keeps the
 #                        newest PLE_BENCH_BASELINE_RUNS (a change in performance is accepted);
 #                        the exit code is still the compare's (against the old baseline)
-# Extra arguments are passed to the run command.
+# Extra arguments are passed to the run command. Every run starts with the baseline's compute
+# calibration (`run --calibration`: its first run's calibration.json; without a baseline,
+# tonight's first run's), so a decode step runs the baseline's matmul count and stays comparable.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,11 +82,21 @@ set_baseline() {  # the baseline := the newest $KEEP of the given runs, as symli
 mkdir -p "$RESULTS" "$REPORTS"
 new=()
 run_rc=0
+# every run computes with the baseline's compute calibration (its first run's calibration.json;
+# without a baseline, tonight's first run's): a decode step calibrated to another matmul count
+# is other work, which compare cannot hold against the baseline (it says WORKLOAD)
+calib=""
+mapfile -t base0 < <(baseline_runs)
+for run in "${base0[@]}"; do
+  if [ -f "$run/calibration.json" ]; then calib="$run/calibration.json"; break; fi
+done
 for i in $(seq 1 "$RUNS"); do
   before="$(list_runs)"
-  echo "nightly: run $i/$RUNS: $RUN_CMD $*"
+  calib_args=()
+  if [ -n "$calib" ]; then calib_args=(--calibration "$calib"); fi
+  echo "nightly: run $i/$RUNS: $RUN_CMD ${calib_args[*]} $*"
   # shellcheck disable=SC2086  # RUN_CMD is a command line on purpose
-  $RUN_CMD "$@"
+  $RUN_CMD "${calib_args[@]}" "$@"
   rc_i=$?
   [ "$rc_i" -ne 0 ] && [ "$run_rc" -eq 0 ] && run_rc=$rc_i
   one="$(comm -13 <(printf '%s\n' "$before") <(list_runs) | tail -n 1)"
@@ -94,6 +106,7 @@ for i in $(seq 1 "$RUNS"); do
   fi
   echo "nightly: new run $one (run exit code $rc_i)"
   new+=("$one")
+  if [ -z "$calib" ] && [ -f "$one/calibration.json" ]; then calib="$one/calibration.json"; fi
 done
 last="${new[${#new[@]}-1]}"
 

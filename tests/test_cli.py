@@ -431,3 +431,52 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0
     assert first.startswith(b'{"case_id"') and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+CALIBRATED_STEP = """
+[suite]
+description = "one decode step, calibrated"
+[suite.timing]
+warmup_ms = 0
+min_samples = 3
+max_samples = 3
+max_time_s = 0.2
+[[group]]
+name = "step"
+kind = "step"
+impl = "device"
+vocab_size = 1024
+dim = 16
+dtype = "bf16"
+num_heads = 2
+num_tokens = 4
+hidden = 32
+compute_us = 40
+"""
+
+
+def test_run_calibration_starts_the_run_with_an_earlier_runs_matmul_counts(tmp_path):
+    """``run --calibration FILE``: the steps run FILE's matmul count for their shape (a count no
+    calibration here would pick), the run's calibration.json starts as FILE; a bad file is exit 2."""
+    import json
+
+    (tmp_path / "a").mkdir()
+    first, _ = run_suite_text(tmp_path / "a", CALIBRATED_STEP)
+    calib = json.loads((first / "calibration.json").read_text())
+    (key, (count, per_us)), = calib.items()
+    seeded = tmp_path / "seed.json"
+    seeded.write_text(json.dumps({key: [count + 7, per_us]}))
+    path = tmp_path / "a" / "suite.toml"
+    res = tmp_path / "b"
+    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report", "--calibration", str(seeded))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = Path(_only_run(res))
+    recs = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line.strip()]
+    assert {r["compute_matmuls"] for r in recs if r["kind"] == "step"} == {count + 7}
+    assert json.loads((run_dir / "calibration.json").read_text()) == {key: [count + 7, per_us]}
+    for bad in ("[1, 2]", '{"k": [1]}', "not json"):
+        seeded.write_text(bad)
+        proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report", "--calibration", str(seeded))
+        assert proc.returncode == 2 and "--calibration" in proc.stderr, proc.stderr[-500:]
+    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--calibration", str(tmp_path / "none.json"))
+    assert proc.returncode == 2 and "--calibration" in proc.stderr

@@ -210,7 +210,10 @@ def test_nightly_script_end_to_end(tmp_path):
         "factor = slower(TARGET.case_id, 1.2) if n == 3 else None\n"
         "write_gpu_run(res, f'2026113{n}-0200{k}0-nightly-000{n}', seed=10 * n + k,\n"
         "              only=lookups, include_broken=False, factor=factor,\n"
-        "              started_at=f'2026-11-3{n}T02:0{k}:00+00:00')\n")
+        "              started_at=f'2026-11-3{n}T02:0{k}:00+00:00')\n"
+        "(res / f'2026113{n}-0200{k}0-nightly-000{n}' / 'calibration.json').write_text('{}')\n"
+        "with open(res / 'argv.log', 'a') as fh:\n"
+        "    fh.write(f'{n} ' + ' '.join(sys.argv[1:]) + '\\n')\n")
     env = dict(os.environ, PLE_BENCH_PYTHON=sys.executable, PLE_BENCH_RESULTS=str(tmp_path / "results"),
                PLE_BENCH_REPORTS=str(tmp_path / "reports"), PLE_BENCH_RUN_CMD=f"{sys.executable} {maker}",
                PYTHONPATH=str(REPO))
@@ -236,8 +239,16 @@ def test_nightly_script_end_to_end(tmp_path):
     second = night(2, PLE_BENCH_INIT_BASELINE="1")
     assert second.returncode == 0, second.stderr
     assert baseline_runs() == night_runs(2)
+    argv = (tmp_path / "results" / "argv.log").read_text().splitlines()
+    second_night = [line for line in argv if line.startswith("2 ")]  # the first run calibrates, the others reuse it
+    assert second_night[0] == "2 " and all(
+        line == f"2 --calibration {tmp_path / 'results' / night_runs(2)[0] / 'calibration.json'}"
+        for line in second_night[1:]), second_night
     third = night(3)
     assert third.returncode == 1, third.stdout + third.stderr
+    argv = (tmp_path / "results" / "argv.log").read_text().splitlines()
+    assert [line for line in argv if line.startswith("3 ")] == [
+        f"3 --calibration {baseline / night_runs(2)[0] / 'calibration.json'}"] * 6  # the baseline's
     assert re.search(rf"^regression .* 6/6  {re.escape(TARGET.case_id)}$", third.stdout, re.M)
     assert "run medians of 6 vs 6 runs" in third.stdout and "Holm over 12 cases" in third.stdout
     assert "not independent" not in third.stdout

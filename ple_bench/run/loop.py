@@ -7,6 +7,7 @@ ask for, after the run."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shlex
 import sys
@@ -43,6 +44,9 @@ class RunOptions:
     #: the flags that go with ``run --resume RUN_DIR`` to continue this run (printed when it ends
     #: early); None: it cannot be resumed that way (an advise run)
     resume_args: list[str] | None = field(default_factory=list)
+    #: compute calibrations to start the run with (``run --calibration FILE``: an earlier run's
+    #: calibration.json): its steps run the same matmul counts where the shape matches
+    calibration: dict[str, list] | None = None
 
 
 @dataclass
@@ -217,6 +221,27 @@ def _interrupted_text(run_dir: Path, options: RunOptions) -> str:
     return text + (f"; continue with: {command}" if command else "")
 
 
+def read_calibration_file(path: Path) -> dict[str, list]:
+    """A run's ``calibration.json`` (key -> [matmuls, us per matmul]); ``ValueError`` saying why
+    when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
+            and not isinstance(v[0], bool) and v[0] >= 0 and isinstance(v[1], (int, float)) and v[1] > 0
+            for k, v in data.items()):
+        raise ValueError(f"{path} is not a run's calibration.json (an object of key: [matmuls, us per matmul])")
+    return data
+
+
+def seed_calibration(run_dir: Path, calibration: dict[str, list]) -> None:
+    """Start the run's calibration file with ``calibration`` (a new run: nothing to keep)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=1, sort_keys=True), encoding="utf-8")
+
+
 def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) -> RunSummary:
     """Run ``cases`` of ``suite``; everything measured is on disk as it finishes."""
     if options.resume:
@@ -232,6 +257,8 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
                                      functional_note=options.functional_note, cases=cases)
     # one compute calibration per run, shared by every worker (a fresh one after a failure, a resume)
     os.environ[CALIBRATION_ENV] = str(run_dir.resolve() / CALIBRATION_FILE)
+    if options.calibration and not options.resume:
+        seed_calibration(run_dir, options.calibration)
     todo = [c for c in order_cases(cases) if c.case_id not in done]
     counts = {"ok": 0, "skipped": 0, "failed": 0, "invalid": 0}
     progress = _Progress(len(todo), None if options.quiet else options.progress)
