@@ -55,6 +55,15 @@ def run_suite_text(tmp_path: Path, text: str) -> tuple[Path, dict]:
     return run_dir, json.loads((run_dir / "meta.json").read_text())
 
 
+def run_suite_records(tmp_path: Path, text: str) -> list[dict]:
+    """The records of ``python -m ple_bench run`` of a suite given as TOML text (no report)."""
+    import json
+
+    run_dir, _ = run_suite_text(tmp_path, text)
+    lines = (run_dir / "records.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 SUITE = """
 [suite]
 description = "test suite"

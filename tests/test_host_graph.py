@@ -173,10 +173,8 @@ ids_on = ["host", "device"]
 
 def test_a_functional_run_passes_the_gate_for_every_case(tmp_path):
     """``python -m ple_bench run`` on a CPU: the path's lookups and steps pass the engine's gate."""
-    from tests.test_cli import run_suite_text
+    from tests.test_cli import run_suite_records
 
-    run_dir, _ = run_suite_text(tmp_path, HOST_GRAPH_SUITE)
-    recs = [json.loads(line) for line in (run_dir / "records.jsonl").read_text().splitlines() if line.strip()]
-    mine = [r for r in recs if r["impl"] == "pinned_host_graph"]
+    mine = [r for r in run_suite_records(tmp_path, HOST_GRAPH_SUITE) if r["impl"] == "pinned_host_graph"]
     assert mine and all(r["status"] == "ok" for r in mine), [(r["case_id"], r.get("error")) for r in mine]
     assert {r["gather_impl"] for r in mine} <= {"host_node", "python"}

@@ -86,14 +86,21 @@ if ! diff "$OUT/ids_before.txt" "$OUT/ids_after.txt" > "$OUT/ids.diff"; then
 fi
 echo "before_after: $(wc -l < "$OUT/ids_after.txt") cases, the same ids in both trees"
 
+# The decode steps of every run that can take it start with the first run's compute calibration
+# (`run --calibration`, in trees that have it): a step calibrated to another matmul count is other
+# work, which compare does not hold against the first (WORKLOAD). A tree without the option
+# calibrates its own.
+CALIB=""
+takes_calibration() { in_tree "$1" "$PYTHON" -m ple_bench run --help 2>/dev/null | grep -q -- "--calibration"; }
 run_tree() {  # run_tree DIR LABEL: one run of the suite with DIR's code into $OUT/LABEL/<run_id>
-  local dir=$1 label=$2 t0
+  local dir=$1 label=$2 t0 calib_args=()
   t0=$(date +%s)
   rm -rf "${OUT:?}/$label"
   mkdir -p "$OUT/$label"
+  if [ -n "$CALIB" ] && takes_calibration "$dir"; then calib_args=(--calibration "$CALIB"); fi
   # shellcheck disable=SC2086  # RUN_ARGS: several words on purpose
   in_tree "$dir" timeout -s INT "$RUN_TIMEOUT_S" "$PYTHON" -m ple_bench run --suite "$SUITE_ARG" --results-dir "$OUT/$label" \
-    --reports-dir "$OUT/reports" --no-report --no-progress $RUN_ARGS > "$OUT/$label.log" 2>&1 || {
+    --reports-dir "$OUT/reports" --no-report --no-progress "${calib_args[@]}" $RUN_ARGS > "$OUT/$label.log" 2>&1 || {
     tail -20 "$OUT/$label.log" >&2
     echo "before_after: the $label run failed ($OUT/$label.log)" >&2
     exit 2
@@ -112,6 +119,7 @@ for which in $ORDER; do
     *) echo "before_after: ORDER holds before and after, not $which" >&2; exit 2 ;;
   esac
   dir=$(find "$OUT/$i-$which" -mindepth 1 -maxdepth 1 -type d | sort | tail -1)
+  if [ -z "$CALIB" ] && [ -f "$dir/calibration.json" ]; then CALIB="$dir/calibration.json"; fi
   if [ "$which" = before ]; then befores+=("$dir"); else afters+=("$dir"); fi
 done
 if [ ${#befores[@]} -eq 0 ] || [ ${#afters[@]} -eq 0 ]; then
