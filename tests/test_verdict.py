@@ -153,3 +153,21 @@ def test_a_verdict_resting_on_one_pinned_configuration_says_so():
     two = _run([_resident(256, 0.20, 0.24), _rec("pinned_uva", 256, 0.33, ids_on="device", timer="cuda_event",
                                                  graph="eager"), _rec("pinned_cpu_gather", 256, 0.25)])
     assert "Only one" not in verdict(two).tail
+
+
+def test_the_banner_says_faster_only_when_every_token_count_beats_hbm_by_more_than_the_band():
+    from ple_bench.report.verdict import EQUAL_PCT, verdict
+
+    # host-sync full graphs of the resident step: 0.228 / 0.285 ms (0.24 and 0.30 x 0.95)
+    faster = _run([_resident(64, 0.20, 0.24), _resident(256, 0.26, 0.30),
+                   _rec("pinned_host_flag", 64, 0.210, graph="full"), _rec("pinned_host_flag", 256, 0.262, graph="full")])
+    assert verdict(faster) is not None
+    text = banner(faster)
+    assert "faster than HBM (by 7.9 % at 64 tokens to 8.1 % at 256)" in text, text
+    assert "as fast as HBM" not in text
+    # one token count only within the band: "as fast", not "faster"
+    close = _run([_resident(64, 0.20, 0.24), _resident(256, 0.26, 0.30),
+                  _rec("pinned_host_flag", 64, 0.210, graph="full"),
+                  _rec("pinned_host_flag", 256, 0.285 * (1 - (EQUAL_PCT - 1) / 100), graph="full")])
+    text = banner(close)
+    assert "as fast as HBM (within 5 %: yes" in text and "faster than HBM" not in text, text
