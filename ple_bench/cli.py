@@ -31,7 +31,8 @@ from .record import markdown
 from .report import add_report_args, build_report, run_report
 from .report.compare import add_compare_args, run_compare
 from .results import RunFileError, ensure_writable_dir, expected_case_ids, load_meta
-from .run.loop import RunOptions, read_calibration_file, run_suite, select_cases, summary_lines
+from .run.loop import RunOptions, run_suite, select_cases, summary_lines
+from .run.step import read_calibration_file
 from .spec.listing import case_json, format_cases, format_cases_narrow
 from .spec.suite import SuiteError, list_suites, load_suite
 

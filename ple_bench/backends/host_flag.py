@@ -184,8 +184,8 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
         """Post ``ids`` (eagerly); nothing during a capture (a replay's post comes from the decode
         step, right after the launch). Returns the row count."""
         if ids.is_cuda:
-            raise NotImplementedError("pinned_host_flag needs host ids (ids_on = host): it gathers "
-                                      "before the step's graph is launched")
+            raise NotImplementedError("pinned_host_flag needs host ids (ids_on = host): the host gathers "
+                                      "them as the step's graph is launched")
         n = ids.numel()
         capturing = stream is not None and torch.cuda.is_current_stream_capturing()
         if capturing:

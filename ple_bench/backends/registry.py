@@ -38,7 +38,7 @@ def _load_builtin() -> None:
     except ImportError:
         pass
     try:
-        from . import host_flag  # noqa: F401  (the host gather started before the graph, which polls a flag)
+        from . import host_flag  # noqa: F401  (the host gather posted after the graph's launch; the graph polls a flag)
     except ImportError:
         pass
 

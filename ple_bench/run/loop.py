@@ -7,7 +7,6 @@ ask for, after the run."""
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import shlex
 import sys
@@ -26,6 +25,7 @@ from ..results import RunWriter, load_records, new_run_id, not_reached
 from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
 from . import provenance
 from .dispatch import CaseDispatcher
+from .step import seed_calibration
 
 
 @dataclass
@@ -219,27 +219,6 @@ def _interrupted_text(run_dir: Path, options: RunOptions) -> str:
     text = f"interrupted: everything measured so far is in {run_dir}"
     command = resume_command(run_dir, options)
     return text + (f"; continue with: {command}" if command else "")
-
-
-def read_calibration_file(path: Path) -> dict[str, list]:
-    """A run's ``calibration.json`` (key -> [matmuls, us per matmul]); ``ValueError`` saying why
-    when it is not one."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
-            and not isinstance(v[0], bool) and v[0] >= 0 and isinstance(v[1], (int, float)) and v[1] > 0
-            for k, v in data.items()):
-        raise ValueError(f"{path} is not a run's calibration.json (an object of key: [matmuls, us per matmul])")
-    return data
-
-
-def seed_calibration(run_dir: Path, calibration: dict[str, list]) -> None:
-    """Start the run's calibration file with ``calibration`` (a new run: nothing to keep)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=1, sort_keys=True), encoding="utf-8")
 
 
 def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) -> RunSummary:

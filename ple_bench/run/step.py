@@ -48,6 +48,7 @@ import json
 import math
 import os
 import statistics
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -56,7 +57,7 @@ import torch.distributed as dist
 from ..annotate import annotate
 from ..backends.synthetic import synthetic_rows
 from ..compute import COMPUTE_KINDS, DecoderCompute, decoder_shape as decoder_shape_of
-from ..env import CALIBRATION_ENV, resolve_device
+from ..env import CALIBRATION_ENV, CALIBRATION_FILE, resolve_device
 from ..measure.fields import lockstep, sm_limit_fields
 from ..measure.repeat import Stopwatch, repeat_timed
 from ..record import FIELDS
@@ -515,6 +516,27 @@ def write_run_calibration(key: str, value: tuple[int, float]) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(known, f, indent=1, sort_keys=True)
     os.replace(tmp, path)
+
+
+def read_calibration_file(path: Path) -> dict[str, list]:
+    """A run's ``calibration.json`` (key -> [matmuls, us per matmul]); ``ValueError`` saying why
+    when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
+            and not isinstance(v[0], bool) and v[0] >= 0 and isinstance(v[1], (int, float)) and v[1] > 0
+            for k, v in data.items()):
+        raise ValueError(f"{path} is not a run's calibration.json (an object of key: [matmuls, us per matmul])")
+    return data
+
+
+def seed_calibration(run_dir: Path, calibration: dict[str, list]) -> None:
+    """Start the run's calibration file with ``calibration`` (a new run: nothing to keep)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CALIBRATION_FILE).write_text(json.dumps(calibration, indent=1, sort_keys=True), encoding="utf-8")
 
 
 def _agree_max(value: int, device: torch.device) -> int:

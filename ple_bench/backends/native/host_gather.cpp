@@ -327,6 +327,19 @@ int64_t now_ns() {
   return int64_t(ts.tv_sec) * 1000000000 + int64_t(ts.tv_nsec);
 }
 
+// row ``i`` of ``ids`` into ``dst`` (row ``i``): false, and the row filled with 0x7F bytes (never a
+// valid row: e4m3 NaN), for an id past the table (a negative id wraps past it)
+template <typename I>
+inline bool copy_row(const I* ids, int64_t i, const uint8_t* table, int64_t table_rows, int64_t rb, uint8_t* dst) {
+  const uint64_t id = uint64_t(ids[i]);
+  if (id >= uint64_t(table_rows)) {
+    std::memset(dst + i * rb, 0x7F, size_t(rb));
+    return false;
+  }
+  std::memcpy(dst + i * rb, table + id * uint64_t(rb), size_t(rb));
+  return true;
+}
+
 // every row of ``ids``: a row whose id is past the table is filled with 0x7F bytes (never a
 // valid row: e4m3 NaN) and the first such position is returned (-1: none). OpenMP tasks of
 // ``grain`` rows on ``threads`` threads of the calling thread's team (no team for one thread).
@@ -339,14 +352,10 @@ int64_t copy_all_rows(const I* ids, int64_t n, const uint8_t* table, int64_t tab
   auto body = [&](int64_t t) {
     const int64_t end = std::min(n, (t + 1) * grain);
     for (int64_t i = t * grain; i < end; ++i) {
-      const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
-      if (id >= uint64_t(table_rows)) {
-        std::memset(dst + i * rb, 0x7F, size_t(rb));
+      if (!copy_row(ids, i, table, table_rows, rb, dst)) {
         int64_t none = -1;
         bad.compare_exchange_strong(none, i);
-        continue;
       }
-      std::memcpy(dst + i * rb, table + id * uint64_t(rb), size_t(rb));
     }
   };
   if (nt == 1) {
@@ -516,10 +525,10 @@ class HostGraphGather {
 };
 
 // ---------------------------------------------------------------- the posted gather
-// The host gather started when the step's ids are known on the host (*posted*), before the
-// graph that consumes its rows is launched, by a persistent team of threads of its own:
-// nothing waits for a driver callback thread to start it (a host node starts 24-33 us after
-// its graph's launch on the lent H200 hosts). Its rows go into pinned staging in ``chunks``
+// The host gather started by the host itself (*posted*) right after it launches the graph that
+// consumes its rows, on a persistent team of threads of its own: nothing waits for a driver
+// callback thread to start it (a host node starts 24-33 us after its graph's launch on the lent
+// H200 hosts). Its rows go into pinned staging in ``chunks``
 // contiguous pieces; a post first zeroes the pinned flag words ``flags[2 + c]``, and once every
 // row of piece c is in, the team writes the post's number (never 0) into its word, which a
 // one-thread kernel of the graph polls until it is not 0, then zeroes it (backends/host_flag.py)
@@ -738,14 +747,10 @@ class PostedGather {
   void grain_rows(const I* ids, int64_t gi) {
     const int64_t end = std::min(n_, (gi + 1) * grain_);
     for (int64_t i = gi * grain_; i < end; ++i) {
-      const uint64_t id = uint64_t(ids[i]);  // a negative id wraps past the table
-      if (id >= uint64_t(valid_rows_)) {
-        std::memset(staging_ + i * rb_, 0x7F, size_t(rb_));
+      if (!copy_row(ids, i, base_, valid_rows_, rb_, staging_)) {
         int64_t none = -1;
         if (bad_pos_.compare_exchange_strong(none, i)) bad_id_.store(int64_t(ids[i]));
-        continue;
       }
-      std::memcpy(staging_ + i * rb_, base_ + id * uint64_t(rb_), size_t(rb_));
     }
   }
 
