@@ -337,6 +337,38 @@ def test_fp8_scale_must_be_set(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_lookup_into_writes_the_consumers_buffer_without_a_second_lookup(backend, monkeypatch):
+    """The decode step's lookup (and finalize into ``out``) writes the rows straight into the
+    step's buffer: no rows tensor copied in afterwards (the resident step a server runs has
+    no such copy).  A backend with its own ``lookup`` keeps it, copied in."""
+    emb, full = _loaded(backend, "fp8", 60, 12, 2, max_tokens=5)
+    ids = random_ids(5, 2, 60, seed=3)
+    out = poisoned((5, 24), emb.storage_dtype)
+    monkeypatch.setattr(emb, "lookup", lambda *a, **k: pytest.fail("lookup_into called lookup"))
+    assert emb.lookup_into(ids, out) is out
+    assert_bytes_equal(out, full_lookup(full, ids), f"{backend} lookup_into")
+    out2 = poisoned((5, 24), emb.storage_dtype)
+    emb.start_prefetch(ids)
+    assert emb.finalize(out=out2) is out2
+    assert_bytes_equal(out2, full_lookup(full, ids), f"{backend} finalize(out=)")
+    monkeypatch.undo()
+
+    class OwnLookup(type(emb)):
+        def lookup(self, ids, dp_token_counts=None):
+            return super().lookup(ids, dp_token_counts)
+
+    emb.__class__ = OwnLookup
+    calls = []
+    monkeypatch.setattr(emb, "lookup", lambda i, c=None: calls.append(1) or OwnLookup.lookup(emb, i, c))
+    out3 = poisoned((5, 24), emb.storage_dtype)
+    emb.lookup_into(ids, out3)
+    assert calls == [1]
+    assert_bytes_equal(out3, full_lookup(full, ids), f"{backend} lookup_into via its own lookup")
+    with pytest.raises(ValueError, match=r"output must be \(5, 24\)"):
+        emb.lookup_into(ids, torch.empty(5, 23, dtype=emb.storage_dtype))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fp8_dequantize_through_the_backend(backend):
     emb, full = _loaded(backend, "fp8", 64, 10, 2, max_tokens=5)  # scale 0.25: exact
     ids = random_ids(5, 2, 64, seed=4)

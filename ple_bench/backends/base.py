@@ -544,6 +544,25 @@ class PLEEmbedding(ABC):
         rows = self._select(self.reduce_rows(rows), slot, local)
         return rows.reshape(local, self.num_heads * self.embedding_dim)
 
+    def lookup_into(self, ids: torch.Tensor, out: torch.Tensor,
+                    dp_token_counts: Sequence[int] | None = None) -> torch.Tensor:
+        """:meth:`lookup` written into ``out`` (``[tokens, heads*dim]``, the storage dtype, on
+        this device): straight into it, no copy, when ETP does not span DP and the backend keeps
+        the general lookup (what a server's embedding writes: its consumer's input); otherwise
+        :meth:`lookup`'s rows copied in."""
+        self._check_ids(ids)
+        n = ids.shape[0]
+        shape = (n, self.num_heads * self.embedding_dim)
+        if tuple(out.shape) != shape or out.dtype != self.storage_dtype or out.device != self.device:
+            raise ValueError(f"output must be {shape} {self.storage_dtype} on {self.device}, "
+                             f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+        if self.topology.replicas == 1 and type(self).lookup is PLEEmbedding.lookup and out.is_contiguous():
+            self.slot_size(n, dp_token_counts)
+            self.reduce_rows(self.local_lookup(ids, out.view(n, self.num_heads, self.embedding_dim)))
+            return out
+        out.copy_(self.lookup(ids, dp_token_counts))
+        return out
+
     # ----------------------------------------------------------- prefetch
     def start_prefetch(
         self, ids: torch.Tensor, dp_token_counts: Sequence[int] | None = None
@@ -560,12 +579,9 @@ class PLEEmbedding(ABC):
             raise RuntimeError(f"{self.name}: finalize requires a prior start_prefetch")
         ids, counts = self._pending
         self._pending = None
-        rows = self.lookup(ids, counts)
         if out is None:
-            return rows
-        check_out(out, rows)
-        out.copy_(rows)
-        return out
+            return self.lookup(ids, counts)
+        return self.lookup_into(ids, out, counts)
 
 
 def _reduce_view(rows: torch.Tensor) -> torch.Tensor:

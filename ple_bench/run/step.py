@@ -231,8 +231,7 @@ class DecodeStep:
 
     # ------------------------------------------------------------ pieces
     def _lookup_into(self, out: torch.Tensor) -> torch.Tensor:
-        out.copy_(self.backend.lookup(self.ids, self._counts_arg))
-        return out
+        return self.backend.lookup_into(self.ids, out, self._counts_arg)
 
     @property
     def _counts_arg(self) -> list[int] | None:
