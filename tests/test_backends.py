@@ -207,7 +207,7 @@ def test_kernels_with_no_ids_write_nothing(name):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kernel", ["torch_masked", "triton_reference"])
+@pytest.mark.parametrize("kernel", ["torch_masked", "triton_reference", "torch_index"])
 def test_every_backend_with_every_kernel(backend, kernel):
     emb, full = _loaded(backend, "fp8", 300, 21, 2, max_tokens=6, kernel=kernel)
     assert emb.kernel_name == kernel
@@ -215,9 +215,24 @@ def test_every_backend_with_every_kernel(backend, kernel):
     assert_bytes_equal(emb.lookup(ids), full_lookup(full, ids), f"{backend} with {kernel}")
 
 
+def test_torch_index_is_the_plain_gather_and_refuses_ids_outside_its_shard():
+    shard = random_table(50, 7, torch.bfloat16, seed=4)
+    ids = torch.tensor([200, 249, 213, 200])
+    out = poisoned((4, 7), torch.bfloat16)
+    get_kernel("torch_index")(int_view(shard), ids, int_view(out), 200, 250)
+    assert_bytes_equal(out, shard[ids - 200], "torch_index")
+    with pytest.raises(IndexError):
+        get_kernel("torch_index")(int_view(shard), torch.tensor([250]), int_view(out[:1]), 200, 250)
+
+
 def test_default_kernels_and_registry():
     assert {"torch_masked", "triton_reference"} <= set(kernel_names())
-    assert make("device", 10, 4).kernel_name == "torch_masked"
+    # on a GPU the device table's default is the one-kernel triton_reference (the fastest correct
+    # resident gather: the reference offloaded steps are held against); on a CPU the interpreter
+    # would take seconds per lookup, so functional mode keeps torch_masked
+    assert get_backend("device").default_kernel == "triton_reference"
+    assert get_backend("device").cpu_kernel == "torch_masked"
+    assert make("device", 10, 4).kernel_name == "torch_masked"  # make() builds on the CPU
     assert make("pinned_uva", 10, 4).kernel_name == "triton_reference"
     with pytest.raises(ValueError, match="unknown lookup kernel 'nope'"):
         make("device", 10, 4, kernel="nope")

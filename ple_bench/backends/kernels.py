@@ -90,6 +90,15 @@ def torch_masked_lookup(table, flat_ids, out, vocab_start, vocab_end):
     out.masked_fill_(~owned.unsqueeze(1), 0)
 
 
+@register_kernel("torch_index")
+def torch_index_lookup(table, flat_ids, out, vocab_start, vocab_end):
+    """Plain ``index_select`` (``F.embedding``'s kernel), no mask: one kernel, what a server runs
+    on a table it does not shard (vLLM's vocab-parallel embedding skips its mask at TP 1).  Every
+    id must lie in ``[vocab_start, vocab_end)``: there is no zero row for the others (an
+    ``IndexError`` on the CPU, a device-side assert on a GPU), so it is for unsharded tables."""
+    torch.index_select(table, 0, flat_ids - vocab_start if vocab_start else flat_ids, out=out)
+
+
 _triton_kernels: dict[bool, tuple] = {}
 
 

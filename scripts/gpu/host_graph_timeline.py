@@ -4,9 +4,12 @@ calibrate theirs each, which can differ by one matmul).
 
 Per table and shape (tokens x compute), variants: the resident table (HBM, ids on the device,
 full graph), ``pinned_host_graph`` (full graph and breakable), ``pinned_host_flag`` (full graph,
-one piece and four: the gather posted by ``set_inputs`` before the launch), ``pinned_cpu_gather``
-(breakable, the same pinned table); each step replayed after the ids are written (the step's
-``set_inputs``, which synchronizes first, as a server's scheduler does):
+one piece and four: the gather posted right after the launch), ``pinned_cpu_gather`` (breakable,
+the same pinned table), the resident table with other lookup kernels (``--resident-kernels``:
+variants ``resident_<kernel>_full``) and the step written by hand in plain torch (``hand_step.py``:
+``hand_resident``, ``hand_host``, ``hand_limit``); each step replayed after the ids are written
+(the step's ``set_inputs``, which synchronizes first, as a server's scheduler does).  The first
+variant of a shape calibrates its matmul count; every other variant of the shape runs that count.
 
 * ``step_us``: replay launch -> synchronize returns (the host-sync timer's sample, without the feed);
 * ``from_feed_us``: set_inputs called -> synchronize returns (the step from the moment its ids are
@@ -35,6 +38,8 @@ import torch
 from ple_bench.backends import get_backend
 from ple_bench.run.step import DecodeStep, check_step
 from ple_bench.workload import make_ids
+
+from hand_step import HandStep
 
 
 def _med(xs):
@@ -68,6 +73,7 @@ def _shared(cls, weight):
     return type(f"Shared{cls.__name__}", (cls,), {"allocate_table": lambda self, r, d, dt: weight})
 
 
+HAND = ("hand_resident", "hand_host", "hand_limit")
 VARIANTS = (  # name, backend key, graph mode, prefetch, ids_on
     ("resident_full", "device", "full", False, "device"),
     ("host_graph_full", "host_graph", "full", True, "host"),
@@ -90,7 +96,9 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true", help="the flag path's team pinned away from this thread's core")
     ap.add_argument("--flag-threads", type=int, nargs="+", default=[0],
                     help="the flag path's team sizes (0: its default); variants host_flag[4]_tN_full")
-    ap.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS])
+    ap.add_argument("--resident-kernels", nargs="+", default=[],
+                    help="the resident table also with these lookup kernels (variants resident_<kernel>_full)")
+    ap.add_argument("--variants", nargs="+", default=[v[0] for v in VARIANTS] + list(HAND))
     args = ap.parse_args()
     heads, dim, seed = 16, 160, 11
     shapes = [(int(a), float(b)) for a, b in (x.split("x") for x in args.shapes)]
@@ -101,6 +109,8 @@ def main() -> None:
             key = f"host_flag{'' if chunks == 1 else chunks}_t{threads}"
             if threads and f"{key}_full" in args.variants:
                 variants.append((f"{key}_full", key, "full", True, "host"))
+    variants += [(f"resident_{k}_full", "device", "full", False, "device") for k in args.resident_kernels]
+    hand = [v for v in HAND if v in args.variants]
     variants = {v[0]: v for v in variants}
     for vocab in args.vocab:
         backends = {}
@@ -129,10 +139,16 @@ def main() -> None:
                 backends[key] = hf
         for tokens, compute_us in shapes:
             sets = [make_ids("uniform", tokens, heads, vocab, seed=s) for s in range(8)]
+            matmuls = None  # the shape's first variant calibrates; the others run its count
             for name, key, graph, prefetch, ids_on in variants.values():
                 b = backends[key]
-                step = DecodeStep(b, hidden=args.hidden, num_tokens=tokens, compute_us=compute_us,
-                                  prefetch=prefetch, graph=graph, ids_on=ids_on)
+                kernel = name[len("resident_"):-len("_full")] if name.startswith("resident_") else ""
+                if key == "device":
+                    b.set_kernel(kernel if kernel in args.resident_kernels else b.default_kernel)
+                work = {"compute_us": compute_us} if matmuls is None else {"compute_layers": matmuls}
+                step = DecodeStep(b, hidden=args.hidden, num_tokens=tokens, prefetch=prefetch, graph=graph,
+                                  ids_on=ids_on, **work)
+                matmuls = step.compute_matmuls
                 check_step(step, sets, seed)
                 timing = b if key.startswith(("host_graph", "host_flag")) and graph == "full" else None
                 step_t = _replays(step, "step", sets, args.reps, timing, graph)
@@ -141,6 +157,20 @@ def main() -> None:
                                   "variant": name, "matmuls": step.compute_matmuls, **step_t,
                                   "compute_us": comp_t["step_us"]}), flush=True)
                 step.close()
+            if hand:
+                if matmuls is None:
+                    raise SystemExit("the hand variants take their matmul count from a project variant of "
+                                     "the shape: name one in --variants")
+                h = HandStep(dev.weight, hg.weight, 0.5, tokens=tokens, heads=heads, hidden=args.hidden,
+                             matmuls=matmuls)
+                h.build()
+                h.check(sets[0])
+                runs = {"hand_resident": h.run_resident, "hand_host": h.run_host, "hand_limit": h.run_limit}
+                for name in hand:
+                    print(json.dumps({"vocab": vocab, "tokens": tokens, "compute_target_us": compute_us,
+                                      "variant": name, "matmuls": matmuls,
+                                      "step_us": h.time_us(runs[name], sets, args.reps)}), flush=True)
+                del h
         for b in reversed(list(backends.values())):
             b.close()
         del backends, cg, hg, dev
