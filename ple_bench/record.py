@@ -176,6 +176,10 @@ FIELDS: tuple[Field, ...] = (
     _f("lookup_mechanism", "", "all",
        "how the path moves its rows (from its declared capabilities): kernel (reads the table on the GPU), "
        "host_gather (the host's cores gather: gathers_on_host), host_copy (copy engines, ids read on the host)"),
+    _f("kernel_ran", "", "all",
+       "the lookup kernel the backend ran (its kernel_name: the case's kernel, or the backend's default, "
+       "which may differ by device, when the case names none); None where no GPU kernel gathers the rows "
+       "(host_gather, host_copy) and in runs before 2026-12-02, whose device default was torch_masked"),
     _f("table_in_host_memory", "", "all",
        "the backend declares its table in host memory (capability table_in_host_memory); None: unknown, "
        "then impl 'device' is device-resident and every other impl is not"),

@@ -149,10 +149,13 @@ def _check_capabilities(c: _Checker, cls: type) -> None:
     unknown = set(cls.side_stream_settings) - set(SIDE_STREAM_SETTINGS)
     c.check(not unknown, f"side_stream_settings names unknown settings {sorted(unknown)}; "
                          f"known: {SIDE_STREAM_SETTINGS}")
-    try:
-        get_kernel(cls.default_kernel)
-    except ValueError as exc:
-        raise ContractError(f"{c.label}: default_kernel: {exc}") from exc
+    for name in ("default_kernel", "cpu_kernel"):
+        if name == "cpu_kernel" and not cls.cpu_kernel:
+            continue
+        try:
+            get_kernel(getattr(cls, name))
+        except ValueError as exc:
+            raise ContractError(f"{c.label}: {name}: {exc}") from exc
     c.done("capabilities")
 
 

@@ -338,20 +338,6 @@ def test_finalize_into_a_wrong_output(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_fp8_scale_must_be_set(backend):
-    emb = make(backend, 20, 4, "fp8")
-    emb.fill_synthetic(seed=1)  # no scale given
-    with pytest.raises(ValueError, match="missing its global scale"):
-        emb.check_loaded()
-    emb.set_scale(0.5)
-    emb.check_loaded()
-    bf = make(backend, 20, 4, "bf16")
-    with pytest.raises(ValueError, match="has no scale"):
-        bf.set_scale(0.5)
-    bf.check_loaded()  # unquantized tables need none
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
 def test_lookup_into_writes_the_consumers_buffer_without_a_second_lookup(backend, monkeypatch):
     """The decode step's lookup (and finalize into ``out``) writes the rows straight into the
     step's buffer: no rows tensor copied in afterwards (the resident step a server runs has
@@ -381,6 +367,20 @@ def test_lookup_into_writes_the_consumers_buffer_without_a_second_lookup(backend
     assert_bytes_equal(out3, full_lookup(full, ids), f"{backend} lookup_into via its own lookup")
     with pytest.raises(ValueError, match=r"output must be \(5, 24\)"):
         emb.lookup_into(ids, torch.empty(5, 23, dtype=emb.storage_dtype))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_scale_must_be_set(backend):
+    emb = make(backend, 20, 4, "fp8")
+    emb.fill_synthetic(seed=1)  # no scale given
+    with pytest.raises(ValueError, match="missing its global scale"):
+        emb.check_loaded()
+    emb.set_scale(0.5)
+    emb.check_loaded()
+    bf = make(backend, 20, 4, "bf16")
+    with pytest.raises(ValueError, match="has no scale"):
+        bf.set_scale(0.5)
+    bf.check_loaded()  # unquantized tables need none
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -489,3 +489,19 @@ def test_run_calibration_starts_the_run_with_an_earlier_runs_matmul_counts(tmp_p
         assert proc.returncode == 2 and "--calibration" in proc.stderr, proc.stderr[-500:]
     proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--calibration", str(tmp_path / "none.json"))
     assert proc.returncode == 2 and "--calibration" in proc.stderr
+
+
+def test_records_name_the_kernel_each_lookup_ran(tmp_path):
+    """kernel_ran: the kernel the backend ran when the case names none (the device table's CPU
+    default here; on a GPU its default is triton_reference), and None where the host gathers;
+    the report's path label reads it."""
+    from ple_bench.report.data import path_label
+
+    text = SUITE.format(impls=json.dumps(["device", "pinned_uva", "pinned_cpu_gather"]),
+                        dtypes=json.dumps(["bf16"]))
+    recs = {r["impl"]: r for r in run_suite_records(tmp_path, text) if r["status"] == "ok"}
+    assert recs["device"]["kernel_ran"] == "torch_masked"
+    assert recs["pinned_uva"]["kernel_ran"] == "triton_reference"
+    assert recs["pinned_cpu_gather"]["kernel_ran"] is None
+    assert path_label(dict(recs["device"], kernel_ran="triton_reference")) == "device · triton_reference"
+    assert path_label(dict(recs["device"], kernel_ran=None)) == "device · torch_masked"  # an older run's

@@ -193,7 +193,7 @@ def test_grid_cap_reaches_the_kernel_and_is_per_backend():
 
 
 def test_grid_cap_needs_a_kernel_that_takes_one():
-    b = DeviceResidentEmbedding(100, 8, device="cpu")  # torch_masked: one program per id
+    b = DeviceResidentEmbedding(100, 8, device="cpu")  # torch_masked on a CPU: no grid cap
     assert not b.supports_grid_cap
     with pytest.raises(ValueError, match="takes no grid cap"):
         b.grid_cap = 4

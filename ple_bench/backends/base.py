@@ -36,9 +36,11 @@ backend gave up with :meth:`PLEEmbedding.hand_over_table`), ``host_work_capturab
 host work is enqueued as stream work -- host functions and copies -- so a CUDA graph captures it
 whole: the engine allows ``graph = "full"`` for it), ``posts_ids`` (the path starts its host work
 when the step's one graph has been launched: the step calls :meth:`PLEEmbedding.post_ids` with its
-host ids right after the launch), ``default_kernel``, ``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a
-sample of past traffic before it is measured), ``side_stream_settings`` (which
-of :data:`SIDE_STREAM_SETTINGS` the prefetch side stream honours) and
+host ids right after the launch), ``default_kernel`` (the lookup kernel when a case names none),
+``cpu_kernel`` (the same in functional mode on a CPU, where it differs: "" = ``default_kernel``),
+``warms_cache`` (:meth:`PLEEmbedding.warm_cache` wants a sample of past traffic before it is
+measured), ``side_stream_settings`` (which of :data:`SIDE_STREAM_SETTINGS` the prefetch side
+stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
 Per instance: :attr:`PLEEmbedding.supports_grid_cap` (the lookup kernel takes a
 grid cap, see :attr:`PLEEmbedding.grid_cap`).
@@ -124,6 +126,7 @@ CAPABILITIES: dict[str, type | tuple[type, ...]] = {
     "warms_cache": bool,
     "takes_table": bool,
     "default_kernel": str,
+    "cpu_kernel": str,
     "side_stream_settings": frozenset,
     "sm_limit_refusal": str,
 }
@@ -153,6 +156,8 @@ class PLEEmbedding(ABC):
     #: host's memory for it and accepts the ``host_alloc`` axis only for such backends
     table_in_host_memory: ClassVar[bool] = False
     default_kernel: ClassVar[str] = "torch_masked"
+    #: the default kernel in functional mode on a CPU ("": default_kernel there too)
+    cpu_kernel: ClassVar[str] = ""
     #: the path's calls occupy or block the calling host thread for their work (a host
     #: gather, issuing row copies, joining a host thread): the engine times them as
     #: synchronized calls on the host clock, never behind a launch-hiding spin
@@ -219,7 +224,7 @@ class PLEEmbedding(ABC):
         self.storage_dtype = self.format.storage_dtype
         self.device = self._resolve_device(device)
         self._grid_programs: int | None = None
-        self.set_kernel(kernel or self.default_kernel)
+        self.set_kernel(kernel or (self.device.type == "cpu" and self.cpu_kernel) or self.default_kernel)
         self.shard = ShardSpec.compute(
             num_embeddings, padding_size, self.topology.etp, self.coords.etp_rank
         )

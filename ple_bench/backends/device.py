@@ -13,7 +13,12 @@ from .registry import register_backend
 @register_backend("device")
 class DeviceResidentEmbedding(PLEEmbedding):
     supports_prefetch = False
-    default_kernel = "torch_masked"
+    # One kernel, masked in-kernel (right for a shard, and for a whole table): the fastest correct
+    # resident gather measured, and the reference every offloaded path is held against
+    # (docs/faster-than-hbm.md: torch_masked's nine kernels and a copy cost a decode step 10-18 us).
+    default_kernel = "triton_reference"
+    # functional mode: the Triton interpreter takes seconds per lookup on a CPU
+    cpu_kernel = "torch_masked"
 
     def allocate_table(self, rows: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(rows, dim, dtype=dtype, device=self.device)

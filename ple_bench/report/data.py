@@ -30,8 +30,9 @@ AXES = (
 ALL_AXES = AXES + ("seed", "extra")
 
 
-# The kernel a backend uses when a case names none (kernel ""): see each
-# backend's ``default_kernel``.  A lookup *path* is impl + the kernel it ran.
+# The kernel a backend used when a case named none (kernel ""), for records without
+# ``kernel_ran`` (runs before 2026-12-02: the device default was torch_masked then; records
+# since carry the kernel they ran).  A lookup *path* is impl + the kernel it ran.
 DEFAULT_KERNELS = {"device": "torch_masked", "pinned_uva": "triton_reference", "pinned_hot_cache": "triton_tuned"}
 # Paths with no GPU gather kernel of their own (the kernel axis does not apply).
 KERNEL_FREE_IMPLS = {"pinned_cpu_gather", "pinned_copy_engine"}
@@ -152,12 +153,13 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def path_label(record: dict[str, Any]) -> str:
-    """``impl · kernel`` with the backend's default kernel filled in for kernel ""
-    (``pinned_uva`` -> ``pinned_uva · triton_reference``); kernel-free paths are just the impl."""
+    """``impl · kernel`` with the kernel the case ran filled in for kernel "" (``kernel_ran``, or
+    for older records the default then: ``pinned_uva`` -> ``pinned_uva · triton_reference``);
+    kernel-free paths are just the impl."""
     impl = str(record.get("impl") or "?")
     if impl in KERNEL_FREE_IMPLS:
         return impl
-    kernel = record.get("kernel") or DEFAULT_KERNELS.get(impl, "")
+    kernel = record.get("kernel") or record.get("kernel_ran") or DEFAULT_KERNELS.get(impl, "")
     return f"{impl} · {kernel}" if kernel else impl
 
 
