@@ -15,7 +15,7 @@ class DeviceResidentEmbedding(PLEEmbedding):
     supports_prefetch = False
     # One kernel, masked in-kernel (right for a shard, and for a whole table): the fastest correct
     # resident gather measured, and the reference every offloaded path is held against
-    # (docs/faster-than-hbm.md: torch_masked's nine kernels and a copy cost a decode step 10-18 us).
+    # (docs/faster-than-hbm.md: torch_masked's nine kernels and a copy cost a decode step 9-18 us).
     default_kernel = "triton_reference"
     # functional mode: the Triton interpreter takes seconds per lookup on a CPU
     cpu_kernel = "torch_masked"
