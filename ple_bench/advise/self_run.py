@@ -72,7 +72,7 @@ impl = "pinned_host_graph"
 graph = "{host_graph_mode}"
 
 [[group]]
-name = "cpu gather posted before the graph"
+name = "cpu gather posted after the launch"
 impl = "pinned_host_flag"
 graph = "{host_graph_mode}"
 ids_on = "host"

@@ -1,4 +1,4 @@
-"""GPU checks of ``pinned_host_flag``: the host gather posted before the step's graph is launched,
+"""GPU checks of ``pinned_host_flag``: the host gather posted right after the step's graph is launched,
 the graph polling a flag per piece of rows. ``python -m pytest -m gpu tests/gpu/test_host_flag_gpu.py``
 on a GPU machine; skipped elsewhere.
 
