@@ -549,6 +549,15 @@ class PLEEmbedding(ABC):
         rows = self._select(self.reduce_rows(rows), slot, local)
         return rows.reshape(local, self.num_heads * self.embedding_dim)
 
+    @classmethod
+    def lookup_mechanism(cls) -> str:
+        """How the path moves its rows, from its declared capabilities (record field
+        ``lookup_mechanism``): ``host_gather`` (the host's cores gather), ``host_copy`` (copy
+        engines, ids read on the host) or ``kernel`` (its lookup kernel reads the table)."""
+        if cls.gathers_on_host:
+            return "host_gather"
+        return "host_copy" if cls.reads_ids_on_host else "kernel"
+
     def lookup_into(self, ids: torch.Tensor, out: torch.Tensor,
                     dp_token_counts: Sequence[int] | None = None) -> torch.Tensor:
         """:meth:`lookup` written into ``out`` (``[tokens, heads*dim]``, the storage dtype, on

@@ -294,8 +294,7 @@ class CaseExecutor:
                     rec = self._run_lookup(case, backend, id_sets, counts, policy, topo)
             rec.update(self.table_cost_fields())
             rec.update(_traffic_fields(case, id_sets))
-            cls = type(backend)
-            rec["kernel_ran"] = None if cls.gathers_on_host or cls.reads_ids_on_host else str(backend.kernel_name)
+            rec["kernel_ran"] = str(backend.kernel_name) if backend.lookup_mechanism() == "kernel" else None
             return rec
 
     def _prepare_sm_limit(self, case: Case, backend) -> None:

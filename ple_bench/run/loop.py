@@ -112,9 +112,7 @@ def lookup_mechanism(impl: str) -> str | None:
         cls = get_backend(impl)
     except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
         return None
-    if cls.gathers_on_host:
-        return "host_gather"
-    return "host_copy" if cls.reads_ids_on_host else "kernel"
+    return cls.lookup_mechanism()
 
 
 def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) -> None:
