@@ -18,6 +18,12 @@ of each table's first case), then one line per lever, each computed from the rec
 * per-case ceilings: per random-row ceiling in meta.json, max(0.15, repeats x ms) less
   max(0.05, 10 x ms) where it stopped at the floor.
 
+With ``--suite NAME [--also RUN ...]`` it estimates instead how long the suite's cases as they
+are now would take: each case's duration_s net of its table build where one of the runs holds
+its case_id (the latest run that does), else the median of the runs' records of the same path
+(impl, graph); plus one build per pinned table (vocab_size, host_alloc: the other paths take a
+filled table over), the longest seen for it; plus the first run's time outside its cases.
+
 An estimate, not a measurement: a fresh run replaces it."""
 
 from __future__ import annotations
@@ -54,11 +60,47 @@ def _count(samples) -> int:
     return int(isinstance(samples, list))
 
 
+def estimate(suite_name: str, runs: list[Path]) -> None:
+    """Print the estimated time of ``suite_name``'s current cases from ``runs`` (see the module doc)."""
+    from ple_bench.spec.suite import load_suite  # the repository on PYTHONPATH
+
+    frames = []
+    for order, run in enumerate(runs):
+        df, meta = load(run)
+        df["order"] = order
+        frames.append(df)
+    first, meta = load(runs[0])
+    total = (datetime.fromisoformat(meta["ended_at"]) - datetime.fromisoformat(meta["started_at"])).total_seconds()
+    overhead = total - float(first["duration_s"].sum())
+    df = pd.concat(frames, ignore_index=True)
+    df["net_s"] = df["duration_s"] - df["build_s"]
+    latest = df.sort_values("order").groupby("case_id")["net_s"].last()
+    by_path = df.groupby(["impl", "graph"])["net_s"].median()
+    builds = df[df["table_reused"].eq(False)].groupby(["vocab_size", "host_alloc"])["build_s"].max()
+    cases = load_suite(suite_name).cases
+    matched = [latest[c.case_id] for c in cases if c.case_id in latest.index]
+    guessed = [by_path.get((c.impl, c.graph), df["net_s"].median()) for c in cases if c.case_id not in latest.index]
+    tables = {(c.vocab_size, c.host_alloc) for c in cases if c.impl != "device"}
+    unseen = tables - set(builds.index)
+    build = sum(float(builds.get(t, builds.max())) for t in tables)  # a table no run built: the longest build
+    left = sum(matched) + sum(guessed) + build + overhead
+    print(f"{suite_name}: {len(cases)} cases; {len(matched)} timed in these runs ({sum(matched):.0f} s), "
+          f"{len(guessed)} by their path's median ({sum(guessed):.0f} s); {len(tables)} pinned tables "
+          f"built ({build:.0f} s, {len(unseen)} of them in no run: the longest build each); "
+          f"outside the cases {overhead:.0f} s")
+    print(f"estimate: {left:.0f} s ({left / 60:.1f} min)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
     ap.add_argument("--before", type=Path, help="an earlier default run (for the distinct-count lever)")
+    ap.add_argument("--suite", help="estimate this suite's current cases from the run(s) instead")
+    ap.add_argument("--also", type=Path, nargs="*", default=[], help="more runs to take case times from (--suite)")
     args = ap.parse_args()
+    if args.suite:
+        estimate(args.suite, [args.run, *args.also])
+        return
     df, meta = load(args.run)
     total = (datetime.fromisoformat(meta["ended_at"]) - datetime.fromisoformat(meta["started_at"])).total_seconds()
     print(f"{args.run.name}: {len(df)} records, {total:.0f} s from start to end")
