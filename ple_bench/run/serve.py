@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ..compute import DecoderCompute
 from ..serving.capacity import Capacity, capacity
 from ..serving.models import ModelPreset, get_model
-from .step import DecodeStep, StepMismatch, _reference_rows, default_act_dtype
+from .step import DecodeStep, StepMismatch, reference_rows, default_act_dtype
 
 #: pretend HBM of a functional (CPU) run: the tiny model fits a few sequences in it
 FUNCTIONAL_HBM_BYTES = 2 << 20
@@ -180,7 +180,7 @@ def check_serve(step: ServeStep, id_sets: Sequence[torch.Tensor], table_seed: in
         run()
         step._sync()
         step.backend.check_deferred_errors()
-        ref = _reference_rows(step, ids, table_seed, None).to(step.rows.device)
+        ref = reference_rows(step, ids, table_seed, None).to(step.rows.device)
         got, want = step.rows.contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)
         if got.shape != want.shape or bool((got != want).any()):
             bad = int((got != want).sum()) if got.shape == want.shape else got.numel()
