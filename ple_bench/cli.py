@@ -22,7 +22,7 @@ import torch
 
 from . import annotate, env
 from .advise.answer import add_advise_args, run_advise
-from .backends.uva import uva_available
+from .backends.cuda.uva import uva_available
 from .env import FORCE_CPU_ENV, force_cpu, gpu_available, gpu_count
 from .report.export import write_exports
 from .measure import TimingPolicy

@@ -23,22 +23,22 @@ def register_backend(name: str) -> Callable[[type], type]:
 
 
 def _load_builtin() -> None:
-    from . import device, pinned  # noqa: F401  (register themselves)
+    from . import device, pinned_uva  # noqa: F401  (register themselves)
 
     try:
-        from . import extra_paths  # noqa: F401  (optional alternative lookup paths)
+        from . import pinned_cpu_gather  # noqa: F401  (optional alternative lookup paths)
     except ImportError:
         pass
     try:
-        from . import copy_engine  # noqa: F401  (row copies by the copy engines)
+        from . import pinned_copy_engine  # noqa: F401  (row copies by the copy engines)
     except ImportError:
         pass
     try:
-        from . import host_graph  # noqa: F401  (the host gather as graph-capturable host nodes)
+        from . import pinned_host_graph  # noqa: F401  (the host gather as graph-capturable host nodes)
     except ImportError:
         pass
     try:
-        from . import host_flag  # noqa: F401  (the host gather posted after the graph's launch; the graph polls a flag)
+        from . import pinned_host_flag  # noqa: F401  (the host gather posted after the graph's launch; the graph polls a flag)
     except ImportError:
         pass
 

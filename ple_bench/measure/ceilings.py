@@ -56,8 +56,8 @@ from typing import Any, Callable
 import torch
 
 from ..annotate import annotate
-from ..backends.native import host_gather_module, native_error, new_host_gather
-from ..backends.uva import cuda_view_of_pinned
+from ..backends.cuda.native import host_gather_module, native_error, new_host_gather
+from ..backends.cuda.uva import cuda_view_of_pinned
 from ..env import resolve_device
 from .hbm_read import HBM_READ_BYTES, measure_hbm_read
 from .profiler import windows_suspended

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend
-from ple_bench.backends.native import host_gather_module, native_error, new_host_gather
+from ple_bench.backends.cuda.native import host_gather_module, native_error, new_host_gather
 
 pytestmark = pytest.mark.gpu
 

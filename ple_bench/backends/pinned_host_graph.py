@@ -58,11 +58,11 @@ from typing import Sequence
 import torch
 
 from ..annotate import annotate
-from .cudart import MEMCPY_D2H, MEMCPY_H2D, RawEvent, current_stream_handle, function_address, memcpy_raw
-from .extra_paths import default_gather_threads
+from .cuda.cudart import MEMCPY_D2H, MEMCPY_H2D, RawEvent, current_stream_handle, function_address, memcpy_raw
+from .pinned_cpu_gather import default_gather_threads
 from .formats import int_view
-from .native import host_gather_module, native_error, new_host_graph_gather
-from .pinned import PinnedUVAEmbedding
+from .cuda.native import host_gather_module, native_error, new_host_graph_gather
+from .pinned_uva import PinnedUVAEmbedding
 from .registry import register_backend
 
 #: rows per OpenMP task of the host node's row loop (as the CPU gather's native loop)

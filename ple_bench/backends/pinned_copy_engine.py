@@ -55,9 +55,9 @@ from typing import Any
 import torch
 
 from ..annotate import annotate
-from .cudart import loaded_libcudart
+from .cuda.cudart import loaded_libcudart
 from .formats import int_view
-from .host_prefetch import HostPathEmbedding
+from .host_common import HostPathEmbedding
 from .registry import register_backend
 
 MECHANISMS = ("memcpy_batch_raw", "memcpy_batch", "memcpy_loop", "torch_row_copies", "cpu_functional")

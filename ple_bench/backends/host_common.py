@@ -54,7 +54,7 @@ import torch
 
 from ..annotate import annotate
 from .formats import int_view
-from .pinned import PinnedUVAEmbedding
+from .pinned_uva import PinnedUVAEmbedding
 
 
 HOST_PREFETCH_MODES = ("thread", "deferred")

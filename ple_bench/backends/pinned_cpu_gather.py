@@ -25,12 +25,12 @@ from typing import Sequence
 import torch
 
 from ..annotate import annotate
-from .cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_h2d_raw, runtime
+from .cuda.cudart import RawEvent, copy_h2d_async, current_stream_handle, memcpy_h2d_raw, runtime
 from .fast_kernels import triton_tuned_lookup, tuned_lookup
 from .formats import int_view
-from .host_prefetch import HostPathEmbedding, StagingBuffer
-from .native import host_gather_module, native_error, new_host_gather
-from .pinned import PinnedUVAEmbedding
+from .host_common import HostPathEmbedding, StagingBuffer
+from .cuda.native import host_gather_module, native_error, new_host_gather
+from .pinned_uva import PinnedUVAEmbedding
 from .registry import register_backend
 
 #: most host threads a gather uses by default (beyond this a decode-size gather gains nothing)

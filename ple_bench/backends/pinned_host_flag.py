@@ -41,12 +41,12 @@ import ctypes
 import torch
 
 from ..annotate import annotate
-from .cudart import MEMCPY_H2D, RawEvent, current_stream_handle, memcpy_raw
-from .extra_paths import default_gather_threads
-from .host_graph import DEFAULT_GRAIN, PinnedHostGraphEmbedding
-from .native import host_gather_module, native_error
+from .cuda.cudart import MEMCPY_H2D, RawEvent, current_stream_handle, memcpy_raw
+from .pinned_cpu_gather import default_gather_threads
+from .pinned_host_graph import DEFAULT_GRAIN, PinnedHostGraphEmbedding
+from .cuda.native import host_gather_module, native_error
 from .registry import register_backend
-from .uva import cuda_view_of_pinned
+from .cuda.uva import cuda_view_of_pinned
 
 #: polls of a flag word before the poll kernel gives up (each poll reads host memory: ~1 us)
 MAX_POLLS = 1 << 20

@@ -26,10 +26,10 @@ import torch
 
 from ..annotate import annotate
 from .base import PLEEmbedding, check_out
-from .green import GreenContextUnavailable, GreenHandle, shared_green_stream
-from .host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
+from .cuda.green import GreenContextUnavailable, GreenHandle, shared_green_stream
+from .cuda.host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
 from .registry import register_backend
-from .uva import cuda_view_of_pinned, uva_available
+from .cuda.uva import cuda_view_of_pinned, uva_available
 
 
 @register_backend("pinned_uva")
