@@ -1,4 +1,4 @@
-"""The alternative lookup paths (fast_kernels, extra_paths) against a full-table
+"""The alternative lookup paths (fast_kernels, pinned_cpu_gather, pinned_hot_cache) against a full-table
 reference: every path x dtype x shard position, random never-zero tables,
 poisoned outputs; dedup with many repeats; hot-cache hit rates on constructed
 cases; the CPU-gather prefetch."""
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ple_bench.backends import fast_kernels as fk
-from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding, PinnedHotCacheEmbedding
+from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding
+from ple_bench.backends.pinned_hot_cache import PinnedHotCacheEmbedding
 from ple_bench.backends.formats import DTYPES, int_view
 from ple_bench.backends.kernels import get_kernel, kernel_names
 from ple_bench.backends.registry import backend_names, get_backend

@@ -1,4 +1,4 @@
-"""The ``sm_limit`` axis on a CPU: green-context streams (ple_bench.backends.green)
+"""The ``sm_limit`` axis on a CPU: green-context streams (ple_bench.backends.cuda.green)
 through a fake ``cuda.bindings.driver`` (call sequence, arguments, error names,
 SM counts read back from the resource, cleanup) and a fake torch GreenContext
 (keyword and positional ``create``, ``Stream()``); refusals (no CUDA, no way to

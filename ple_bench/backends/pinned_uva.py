@@ -28,12 +28,11 @@ from ..annotate import annotate
 from .base import PLEEmbedding, check_out
 from .cuda.green import GreenContextUnavailable, GreenHandle, shared_green_stream
 from .cuda.host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
-from .registry import register_backend
 from .cuda.uva import cuda_view_of_pinned, uva_available
 
 
-@register_backend("pinned_uva")
 class PinnedUVAEmbedding(PLEEmbedding):
+    name = "pinned_uva"
     supports_prefetch = True
     table_in_host_memory = True
     takes_table = True

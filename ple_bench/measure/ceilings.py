@@ -199,7 +199,7 @@ def _uniform_id_sets(total: int, rows: int, n_sets: int, seed: int) -> list[torc
 
 
 def _row_loop(table_bytes_view: torch.Tensor):
-    """The native row loop (``ple_bench/backends/native/host_gather.cpp``) as a plain host
+    """The native row loop (``ple_bench/backends/cuda/native/host_gather.cpp``) as a plain host
     gather ``fn(ids, out)`` with all torch threads and nothing else (no copy, no event), or
     None where the module is not built (no compiler or ninja, ``PLE_BENCH_NATIVE=0``)."""
     if host_gather_module() is None:

@@ -1,4 +1,4 @@
-"""The native host gather (ple_bench/backends/native/host_gather.cpp) on a GPU machine: a bad call
+"""The native host gather (ple_bench/backends/cuda/native/host_gather.cpp) on a GPU machine: a bad call
 returns its failure value and names its error, ``native_error`` turns it into IndexError /
 ValueError, and the CPU gather backend raises it -- nothing crashes, and the next good lookup
 gives the right rows.

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from ple_bench.backends import fast_kernels as fk
-from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding, PinnedHotCacheEmbedding
+from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding
+from ple_bench.backends.pinned_hot_cache import PinnedHotCacheEmbedding
 from ple_bench.backends.formats import DTYPES, int_view
 from ple_bench.backends.pinned_uva import PinnedUVAEmbedding
 from ple_bench.backends.synthetic import synthetic_rows
