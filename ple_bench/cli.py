@@ -18,23 +18,18 @@ import textwrap
 import time
 from pathlib import Path
 
-import torch
-
-from . import annotate, env
+# Verbs that measure (run, profile, env) import the engine -- and so torch, seconds of start-up --
+# inside their functions, and so does list (a suite's validators read spec -> workload, backends).
+# report, compare and schema read stored records and never load torch (tests/test_cli_imports.py).
+from . import env
 from .advise.answer import add_advise_args, run_advise
-from .backends.uva import uva_available
 from .env import FORCE_CPU_ENV, force_cpu, gpu_available, gpu_count
 from .report.export import write_exports
-from .measure import TimingPolicy
-from .measure.profiler import torch_trace_name
 from .record import markdown
 from .report import add_report_args, build_report, run_report
 from .report.compare import add_compare_args, run_compare
 from .results import RunFileError, ensure_writable_dir, expected_case_ids, load_meta
-from .run.loop import RunOptions, run_suite, select_cases, summary_lines
-from .run.step import read_calibration_file
 from .spec.listing import case_json, format_cases, format_cases_narrow
-from .spec.suite import SuiteError, list_suites, load_suite
 
 EXIT_BAD_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -79,6 +74,8 @@ def _resume_suite(args: argparse.Namespace):
     """The suite and cases of ``--resume RUN_DIR``: the run's own suite, and of it the cases the
     run was to record (``meta.json``'s list; an older run: every case of the suite).  A ``--suite``
     naming another suite is refused."""
+    # suites load torch (spec -> workload, backends): imported here (see the imports above)
+    from .spec.suite import load_suite
     meta = load_meta(args.resume)
     suite = load_suite(meta.get("suite_path") or meta["suite"])
     if args.suite is not None:
@@ -117,6 +114,11 @@ def _resume_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # the engine and torch: only the verbs that measure load them (see the imports above)
+    from .measure import TimingPolicy
+    from .run.loop import RunOptions, run_suite, select_cases, summary_lines
+    from .run.step import read_calibration_file
+    from .spec.suite import SuiteError, load_suite
     if args.samples is not None and args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -244,6 +246,8 @@ def write_run_outputs(run_dir: Path, reports_dir: Path) -> Path | None:
 
 # ------------------------------------------------------------------ list
 def cmd_list(args: argparse.Namespace) -> int:
+    # suites load torch (spec -> workload, backends): imported here (see the imports above)
+    from .spec.suite import SuiteError, list_suites, load_suite
     try:
         suites = [load_suite(args.suite)] if args.suite else list_suites()
     except SuiteError as exc:
@@ -270,6 +274,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ env
 def cmd_env(args: argparse.Namespace) -> int:
+    # the engine and torch: only the verbs that measure load them (see the imports above)
+    import torch
+
+    from . import annotate
+    from .backends.cuda.uva import uva_available
     lines: list[tuple[str, str]] = []
     gpu = gpu_available()
     lines.append(("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"))
@@ -350,6 +359,10 @@ def profile_command(tool: str, suite: str, case_id: str, out: Path, python: str 
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    # the engine and torch: only the verbs that measure load them (see the imports above)
+    from .measure.profiler import torch_trace_name
+    from .run.loop import select_cases
+    from .spec.suite import SuiteError, load_suite
     if args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
         return EXIT_BAD_USAGE
@@ -412,6 +425,8 @@ def _call(cmd: list[str]) -> int:
 
 def _profile_torch(cmd: list[str], out: Path, case_id: str) -> int:
     """Run ``run --torch-trace`` and point at the trace it wrote in its new run folder."""
+    # the engine and torch: only the verbs that measure load them (see the imports above)
+    from .measure.profiler import torch_trace_name
     started = time.time()
     rc = _call(cmd)
     name = torch_trace_name(case_id)

@@ -33,7 +33,7 @@ of the other paths the random-row ceiling of their table, row size and id distri
 (``ceilings["random_row"][<record's random_row_ceiling>]``, see
 :func:`ple_bench.measure.ceilings.random_row_key`); a table in
 host memory, what it cost (:data:`HOST_ALLOC_KEYS`; the axis ``host_alloc`` says
-how it was allocated, see :mod:`ple_bench.backends.host_alloc`).
+how it was allocated, see :mod:`ple_bench.backends.cuda.host_alloc`).
 """
 
 from __future__ import annotations

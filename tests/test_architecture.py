@@ -1,8 +1,9 @@
-"""The package's shape, read from its imports (ast, nothing is imported): no import circle but a
-registry's loading of its built-in plug-ins, no import from a lower layer into a higher one (the
-layers docs/architecture.md states, read from its ``layers`` block), no import of another module's
-private name.  Each check is a function of a module graph, run on the package and on a small
-synthetic graph that breaks it (so the checks can fail)."""
+"""The package's shape, read from its imports (ast, nothing is imported): no import circle (the
+registries name their built-in plug-ins and import them by name, so not even they close one), no
+import from a lower layer into a higher one (the layers docs/architecture.md states, read from its
+``layers`` block), no import of another module's private name, and every built-in backend in a
+module named after its ``impl``.  Each check is a function of a module graph, run on the package and
+on a small synthetic graph that breaks it (so the checks can fail)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ple_bench"
 ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 
-#: registries that import their built-in plug-ins, which import the registry back to register
-REGISTRIES = ("ple_bench.backends.registry", "ple_bench.backends.kernels")
+#: the registries: tables of their built-in plug-ins' names, imported by name when asked for
+BACKEND_REGISTRY = PACKAGE / "backends" / "registry.py"
+KERNEL_REGISTRY = PACKAGE / "backends" / "kernels.py"
 
 
 # ------------------------------------------------------------------ reading the package
@@ -65,12 +67,6 @@ def graph_of(imports: dict[str, list[tuple[str, str, int]]], prefix: str = "ple_
 
 
 # ------------------------------------------------------------------ the checks
-def without_registrations(graph: dict[str, set[str]], registries=REGISTRIES) -> dict[str, set[str]]:
-    """The graph less a registry's imports of the plug-ins that import it back (the one allowed loop)."""
-    return {m: {t for t in targets if not (m in registries and m in graph.get(t, ()))}
-            for m, targets in graph.items()}
-
-
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -185,9 +181,9 @@ def package():
     return sources, imports, graph_of(imports)
 
 
-def test_no_import_circle_but_the_registries(package):
+def test_no_import_circle(package):
     _, _, graph = package
-    assert cycles(without_registrations(graph)) == []
+    assert cycles(graph) == []
 
 
 def test_no_import_from_a_lower_layer_into_a_higher_one(package):
@@ -200,12 +196,49 @@ def test_no_module_takes_another_modules_private_name(package):
     assert private_uses(sources, imports) == []
 
 
-def test_the_registries_loop_is_the_one_removed(package):
-    """The allowed loop exists (so the exemption is not vacuous) and goes only from a registry."""
-    _, _, graph = package
-    dropped = {(m, t) for m, ts in graph.items() for t in ts} - {
-        (m, t) for m, ts in without_registrations(graph).items() for t in ts}
-    assert dropped and {m for m, _ in dropped} <= set(REGISTRIES)
+def table_of(path: Path, name: str):
+    """The literal value assigned to ``name`` at the top of ``path`` (read, not imported)."""
+    for node in ast.parse(path.read_text()).body:
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path.name} assigns no {name}")
+
+
+def builtin_problems(table: dict[str, str], sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """Entries of the backend table whose module is not ``ple_bench.backends.<impl>``, is not in
+    the package, or has no class of that name declaring ``name = "<impl>"``."""
+    bad = []
+    for impl, path in sorted(table.items()):
+        module, _, cls = path.partition(":")
+        if module != f"ple_bench.backends.{impl}":
+            bad.append(f"{impl}: module {module} is not named after the impl")
+        if module not in sources:
+            bad.append(f"{impl}: no module {module}")
+            continue
+        classes = {n.name: n for n in ast.parse(sources[module][0]).body if isinstance(n, ast.ClassDef)}
+        names = [ast.literal_eval(s.value) for s in getattr(classes.get(cls), "body", [])
+                 if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "name" for t in s.targets)]
+        if names != [impl]:
+            bad.append(f"{impl}: class {cls} in {module} declares name = {names or 'nothing'}")
+    return bad
+
+
+def test_every_builtin_backend_lives_in_a_module_named_after_its_impl(package):
+    sources, _, _ = package
+    table = table_of(BACKEND_REGISTRY, "BUILTIN")
+    assert {"device", "pinned_uva", "pinned_host_flag"} <= set(table)
+    assert builtin_problems(table, sources) == []
+
+
+def test_the_registries_name_their_plug_ins_and_import_none(package):
+    """The registries import no plug-in (they are named in a table and loaded by name) and every
+    kernel module they name exists."""
+    sources, _, graph = package
+    for registry in ("ple_bench.backends.registry", "ple_bench.backends.kernels"):
+        assert graph[registry] <= {"ple_bench.backends.base", "ple_bench.backends.formats"}, registry
+    for module in table_of(KERNEL_REGISTRY, "KERNEL_MODULES"):
+        assert module in sources
 
 
 # ------------------------------------------------------------------ the checks can fail
@@ -222,10 +255,24 @@ SYNTHETIC_LAYERS = "```layers\n0  units, low\n1  backends\n2  high\n```\n"
 def test_the_checks_flag_a_synthetic_bad_graph():
     imports = imports_of(SYNTHETIC)
     graph = graph_of(imports)
-    assert cycles(without_registrations(graph)) == [["ple_bench.high", "ple_bench.low"]]
     assert cycles(graph) == [["ple_bench.backends.plug", "ple_bench.backends.registry"],
                              ["ple_bench.high", "ple_bench.low"]]
     assert upward_imports(graph, read_layers(SYNTHETIC_LAYERS)) == [
         "ple_bench.low (layer 0) imports ple_bench.high (layer 2)"]
     assert private_uses(SYNTHETIC, imports) == ["ple_bench.high:3: uses ple_bench.units._hidden",
                                                 "ple_bench.low:2: imports ple_bench.units._secret"]
+
+
+def test_the_builtin_check_flags_a_misplaced_or_misnamed_backend():
+    sources = {
+        "ple_bench.backends.fast": ("class Fast:\n    name = 'fast'\n", False),
+        "ple_bench.backends.paths": ("class Slow:\n    name = 'slow'\n", False),
+        "ple_bench.backends.wrong": ("class Wrong:\n    name = 'other'\n", False),
+    }
+    table = {"fast": "ple_bench.backends.fast:Fast", "slow": "ple_bench.backends.paths:Slow",
+             "wrong": "ple_bench.backends.wrong:Wrong", "gone": "ple_bench.backends.gone:Gone"}
+    assert builtin_problems(table, sources) == [
+        "gone: no module ple_bench.backends.gone",
+        "slow: module ple_bench.backends.paths is not named after the impl",
+        "wrong: class Wrong in ple_bench.backends.wrong declares name = ['other']",
+    ]

@@ -13,6 +13,7 @@ from ple_bench.backends import (
 )
 from ple_bench.backends.formats import int_view
 from ple_bench.backends.kernels import kernel_names
+from ple_bench.backends.registry import BUILTIN, BackendImportError
 from ple_bench.parallel import Groups, Topology
 
 from ._reference import (
@@ -421,8 +422,32 @@ def test_backend_names():
 
 
 def test_unknown_backend_name():
-    with pytest.raises(ValueError, match="unknown backend 'nope'.*import path"):
+    with pytest.raises(ValueError, match=r"unknown backend 'nope'; known: \[.*'pinned_host_flag'.*import path"):
         get_backend("nope")
+
+
+def test_every_builtin_loads_as_the_class_its_entry_names():
+    assert backend_names() == sorted(BUILTIN)
+    for impl, path in BUILTIN.items():
+        cls = get_backend(impl)
+        assert f"{cls.__module__}:{cls.__qualname__}" == path and cls.name == impl
+
+
+def test_a_builtin_that_fails_to_import_is_an_error_naming_it_and_its_cause(tmp_path, monkeypatch):
+    """No built-in disappears silently: its import error is raised, with the impl and the cause."""
+    (tmp_path / "ple_test_broken_path.py").write_text("import ple_test_no_such_dependency\n")
+    (tmp_path / "ple_test_misnamed_path.py").write_text(
+        "from ple_bench.backends.device import DeviceResidentEmbedding\n"
+        "class Misnamed(DeviceResidentEmbedding):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = {"pinned_broken": "ple_test_broken_path:Broken", "pinned_misnamed": "ple_test_misnamed_path:Misnamed"}
+    with pytest.raises(BackendImportError, match=r"'pinned_broken' does not import \(ple_test_broken_path\): "
+                                                 r"ModuleNotFoundError: .*ple_test_no_such_dependency"):
+        get_backend("pinned_broken", builtin=table)
+    with pytest.raises(BackendImportError, match=r"'pinned_misnamed'.*declares name = 'device'"):
+        get_backend("pinned_misnamed", builtin=table)
+    with pytest.raises(ValueError, match=r"unknown backend 'device'; known: \['pinned_broken', 'pinned_misnamed'\]"):
+        get_backend("device", builtin=table)
 
 
 def test_backend_by_import_path():

@@ -241,7 +241,7 @@ def test_a_ceiling_samples_at_least_its_own_floor_not_the_cases():
 def test_host_gather_ceiling_is_the_faster_plain_gather(monkeypatch):
     """Both plain gathers are timed; the lower median binds and is named, the other is kept
     beside it; both gathers give index_select's rows (the row loop is the path's own)."""
-    from ple_bench.backends.native import host_gather_module
+    from ple_bench.backends.cuda.native import host_gather_module
 
     if host_gather_module() is None:
         pytest.skip("the native row loop is not built here")

@@ -20,7 +20,7 @@ from ple_bench.backends import base as base_mod
 from ple_bench.backends.base import CAPABILITIES, RENAMED, PLEEmbedding
 from ple_bench.backends.device import DeviceResidentEmbedding
 from ple_bench.backends.kernels import grid_capped, takes_grid_cap, torch_masked_lookup
-from ple_bench.backends.pinned import PinnedUVAEmbedding
+from ple_bench.backends.pinned_uva import PinnedUVAEmbedding
 from ple_bench.testing import ContractError, check_backend
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,8 +15,8 @@ import types
 import pytest
 import torch
 
-from ple_bench.backends import copy_engine as ce
-from ple_bench.backends.copy_engine import PinnedCopyEngineEmbedding
+from ple_bench.backends import pinned_copy_engine as ce
+from ple_bench.backends.pinned_copy_engine import PinnedCopyEngineEmbedding
 from ple_bench.backends.formats import DTYPES
 from ple_bench.backends.registry import backend_names, get_backend
 from ple_bench.parallel import Groups, Topology

@@ -1,4 +1,4 @@
-"""The alternative lookup paths (fast_kernels, extra_paths) against a full-table
+"""The alternative lookup paths (fast_kernels, pinned_cpu_gather, pinned_hot_cache) against a full-table
 reference: every path x dtype x shard position, random never-zero tables,
 poisoned outputs; dedup with many repeats; hot-cache hit rates on constructed
 cases; the CPU-gather prefetch."""
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ple_bench.backends import fast_kernels as fk
-from ple_bench.backends.extra_paths import PinnedCPUGatherEmbedding, PinnedHotCacheEmbedding
+from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding
+from ple_bench.backends.pinned_hot_cache import PinnedHotCacheEmbedding
 from ple_bench.backends.formats import DTYPES, int_view
 from ple_bench.backends.kernels import get_kernel, kernel_names
 from ple_bench.backends.registry import backend_names, get_backend
@@ -412,7 +413,7 @@ def test_executor_hot_cache_hits_on_fresh_zipf_id_sets():
 def _native_or_skip():
     """The native module; a skip only where this machine cannot build it (no compiler or
     ninja, or switched off), a failure where the build itself fails."""
-    from ple_bench.backends.native import host_gather_module, native_status
+    from ple_bench.backends.cuda.native import host_gather_module, native_status
 
     if host_gather_module() is None:
         if native_status().startswith("build failed"):
@@ -470,7 +471,7 @@ def test_cpu_gather_direct_path_equals_the_general_path(id_dtype):
 def test_native_build_name_follows_its_source(tmp_path, monkeypatch):
     """Two versions of host_gather.cpp get two builds in the shared extension cache: a process
     of one checkout never loads (or rebuilds over) the other's."""
-    from ple_bench.backends import native
+    from ple_bench.backends.cuda import native
 
     names = []
     for text in ("// one", "// two", "// one"):
@@ -489,7 +490,7 @@ def test_native_row_loop_equals_index_select(id_dtype):
     host_gather.cpp) and ``error()`` names the id, which ``native_error`` makes an
     IndexError; bad arguments come back as ValueError the same way."""
     _native_or_skip()
-    from ple_bench.backends.native import native_error, new_host_gather
+    from ple_bench.backends.cuda.native import native_error, new_host_gather
 
     rows, row_bytes, n = 5000, 40, 997
     table = torch.randint(0, 256, (rows, row_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))

@@ -1,4 +1,4 @@
-"""The ``sm_limit`` axis on a CPU: green-context streams (ple_bench.backends.green)
+"""The ``sm_limit`` axis on a CPU: green-context streams (ple_bench.backends.cuda.green)
 through a fake ``cuda.bindings.driver`` (call sequence, arguments, error names,
 SM counts read back from the resource, cleanup) and a fake torch GreenContext
 (keyword and positional ``create``, ``Stream()``); refusals (no CUDA, no way to
@@ -16,8 +16,8 @@ import types
 import pytest
 import torch
 
-from ple_bench.backends import green
-from ple_bench.backends.green import DriverGreenContext, GreenContextUnavailable, GreenHandle, green_stream
+from ple_bench.backends.cuda import green
+from ple_bench.backends.cuda.green import DriverGreenContext, GreenContextUnavailable, GreenHandle, green_stream
 from ple_bench.backends.registry import get_backend
 from ple_bench.spec.case import Case
 
@@ -366,7 +366,7 @@ def test_pinned_backend_sm_limit_plumbing(monkeypatch):
         assert _pinned(impl).sm_limit == 0
 
     # the side stream as made on a GPU: green_stream with the limit and the priority
-    from ple_bench.backends import pinned
+    from ple_bench.backends import pinned_uva as pinned
 
     asked, closed = [], []
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from ple_bench import results
-from ple_bench.backends import host_alloc, synthetic_rows
-from ple_bench.backends.extra_paths import PinnedCPUGatherEmbedding
-from ple_bench.backends.pinned import PinnedUVAEmbedding
+from ple_bench.backends import synthetic_rows
+from ple_bench.backends.cuda import host_alloc
+from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding
+from ple_bench.backends.pinned_uva import PinnedUVAEmbedding
 from ple_bench.spec.case import HOST_ALLOC_MODES, Case
 from ple_bench.run.executor import CaseExecutor
 from ple_bench.run.outcome import SkipCase

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.backends.native import host_gather_module
+from ple_bench.backends.cuda.native import host_gather_module
 from ple_bench.run.graphs import BreakableGraph
 from ple_bench.report import verdict
 from ple_bench.advise.answer import advise

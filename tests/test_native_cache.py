@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LOAD = ("from ple_bench.backends.native import build_dir, _module_name, host_gather_module, native_status; "
+LOAD = ("from ple_bench.backends.cuda.native import build_dir, _module_name, host_gather_module, native_status; "
         "host_gather_module(); print(native_status()); print(build_dir(_module_name()))")
 
 
@@ -29,7 +29,7 @@ def _load(checkout: Path, cache: Path) -> tuple[str, Path]:
 
 
 def test_the_names_of_two_sources_differ_and_of_one_source_agree():
-    from ple_bench.backends.native import SOURCE, _module_name
+    from ple_bench.backends.cuda.native import SOURCE, _module_name
 
     data = SOURCE.read_bytes()
     assert _module_name(data) == _module_name() and _module_name(data + b"\n") != _module_name()

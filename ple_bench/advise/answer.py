@@ -35,10 +35,8 @@ from ..env import gpu_available
 from ..record import resident_figures
 from ..report.verdict import EQUAL_PCT, candidates, scope
 from ..units import DTYPE_BYTES, BadValue, parse_size
-from ..workload import parse_ids_spec
 from .html import write_advice_html
 from .model import build_model, load_runs
-from .self_run import NO_GPU, functional_case_count, self_run
 from .what_if import WhatIf, model_advice
 
 EXIT_BAD_USAGE = 2
@@ -386,6 +384,9 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
 
 def wanted_ids(ids: str) -> str:
     """``--ids`` in its canonical spelling; AdviseError for a bad spec."""
+    # the id workloads' parser lives with their generators (torch): loaded only for --ids
+    from ..workload import parse_ids_spec
+
     try:
         return parse_ids_spec(ids).canonical
     except ValueError as exc:
@@ -398,6 +399,7 @@ def records_for_ids(records: list[dict[str, Any]], ids: str | None) -> list[dict
     if ids is None:
         return records
     want = wanted_ids(ids)
+    from ..workload import parse_ids_spec  # (loaded only for --ids: see wanted_ids)
 
     def canonical(r):
         try:
@@ -507,6 +509,9 @@ def run_advise(args: argparse.Namespace) -> int:
             raise AdviseError(f"--compute {args.compute}: advise runs its own cases for the matmul chain only; "
                               "give --runs with a decoder run (python -m ple_bench run --suite decoder)")
         if not runs:
+            # a self-run measures: the engine (and torch) load only then, so advise --runs does not
+            from .self_run import NO_GPU, functional_case_count, self_run
+
             if not gpu_available() and not args.functional_check:
                 raise AdviseError(NO_GPU.format(n=functional_case_count(args, tokens)))
             runs = self_run(args, table, tokens)

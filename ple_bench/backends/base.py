@@ -376,7 +376,7 @@ class PLEEmbedding(ABC):
     @property
     def host_allocation(self):
         """How the table's host memory was allocated: a
-        :class:`~ple_bench.backends.host_alloc.HostAllocation` (bytes pinned, seconds),
+        :class:`~ple_bench.backends.cuda.host_alloc.HostAllocation` (bytes pinned, seconds),
         or None for a table that is not in host memory."""
         return None
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import torch
 
 from .base import PLEEmbedding
-from .registry import register_backend
 
 
-@register_backend("device")
 class DeviceResidentEmbedding(PLEEmbedding):
+    name = "device"
     supports_prefetch = False
     # One kernel, masked in-kernel (right for a shard, and for a whole table): the fastest correct
     # resident gather measured, and the reference every offloaded path is held against

@@ -18,6 +18,7 @@ programs it launches) and says so with :func:`grid_capped` (the backend's
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Callable, Protocol
 
@@ -73,12 +74,15 @@ def kernel_names() -> list[str]:
     return sorted(_KERNELS)
 
 
+#: modules of faster variants, imported by name when a kernel is asked for: they register
+#: themselves on import (named, not imported, here: no import circle through this registry); one
+#: that fails to import is an error, not a kernel missing from the list
+KERNEL_MODULES = ("ple_bench.backends.fast_kernels",)
+
+
 def _load_extra_kernels() -> None:
-    # Faster variants live in their own modules and register themselves on import.
-    try:
-        from . import fast_kernels  # noqa: F401
-    except ImportError:
-        pass
+    for module in KERNEL_MODULES:
+        importlib.import_module(module)
 
 
 @register_kernel("torch_masked")

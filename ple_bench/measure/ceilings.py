@@ -56,8 +56,8 @@ from typing import Any, Callable
 import torch
 
 from ..annotate import annotate
-from ..backends.native import host_gather_module, native_error, new_host_gather
-from ..backends.uva import cuda_view_of_pinned
+from ..backends.cuda.native import host_gather_module, native_error, new_host_gather
+from ..backends.cuda.uva import cuda_view_of_pinned
 from ..env import resolve_device
 from .hbm_read import HBM_READ_BYTES, measure_hbm_read
 from .profiler import windows_suspended
@@ -199,7 +199,7 @@ def _uniform_id_sets(total: int, rows: int, n_sets: int, seed: int) -> list[torc
 
 
 def _row_loop(table_bytes_view: torch.Tensor):
-    """The native row loop (``ple_bench/backends/native/host_gather.cpp``) as a plain host
+    """The native row loop (``ple_bench/backends/cuda/native/host_gather.cpp``) as a plain host
     gather ``fn(ids, out)`` with all torch threads and nothing else (no copy, no event), or
     None where the module is not built (no compiler or ninja, ``PLE_BENCH_NATIVE=0``)."""
     if host_gather_module() is None:

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from .. import measure as m, traces
 from ..annotate import annotate
-from ..backends import fast_kernels, get_backend, host_alloc, synthetic_rows
+from ..backends import fast_kernels, get_backend, synthetic_rows
+from ..backends.cuda import host_alloc
 from ..backends.kernels import get_kernel, kernel_names, takes_grid_cap
 from ..measure import ceilings as ceil, host_gather_ceiling
 from ..measure.ceilings import HOST_GATHER_ID_SETS

@@ -851,7 +851,7 @@ def _apply_stream_priority(backend, priority: int, case, device: torch.device) -
 
 
 def _apply_sm_limit(backend, sm_limit: int, case, device: torch.device) -> None:
-    """``sm_limit``: the side stream on a green context of that many SMs (see backends/green.py)."""
+    """``sm_limit``: the side stream on a green context of that many SMs (see backends/cuda/green.py)."""
     _apply_side_stream_setting(backend, "sm_limit", sm_limit, case, device,
                                "limits the prefetch side stream's SMs",
                                refusal=type(backend).sm_limit_refusal)

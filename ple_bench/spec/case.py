@@ -21,7 +21,7 @@ GRAPH_MODES = ("eager", "breakable", "full")
 #: where a case's ids live when the lookup (or step) starts: produced on the GPU,
 #: or known on the host (as a server's scheduler knows them), in pinned memory
 IDS_ON = ("device", "host")
-#: how a pinned table's host memory is allocated (ple_bench.backends.host_alloc)
+#: how a pinned table's host memory is allocated (ple_bench.backends.cuda.host_alloc)
 HOST_ALLOC_MODES = ("torch", "exact", "exact_huge")
 #: the decode step's main-stream compute (ple_bench.compute): the calibrated matmul chain,
 #: or real decoder layers at a named shape

@@ -82,7 +82,7 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   table's host memory is allocated: torch's caching allocator (power-of-two
   blocks), or exactly the table's bytes pinned with ``cudaHostRegister`` (on 2
   MiB transparent huge pages for "exact_huge"); see
-  :mod:`ple_bench.backends.host_alloc`.  A backend whose table is not in host
+  :mod:`ple_bench.backends.cuda.host_alloc`.  A backend whose table is not in host
   memory (``device``) skips a case with a mode other than "torch", with the
   reason.
 * ``compute`` (steps) is "matmul" (default: a chain of square matmuls calibrated

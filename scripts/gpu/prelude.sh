@@ -5,8 +5,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# the CPU gather's native direct path (backends/native): built once per fresh machine, before any
+# the CPU gather's native direct path (backends/cuda/native): built once per fresh machine, before any
 # case, so its build time (tens of seconds) is logged here and not paid inside a case's setup
 python3 -c "import torch, time; t = time.time()
-from ple_bench.backends.native import host_gather_module, native_status
+from ple_bench.backends.cuda.native import host_gather_module, native_status
 host_gather_module(); print(f'native host gather: {native_status()} ({time.time() - t:.0f} s)')"

@@ -229,7 +229,7 @@ def test_prefetch_buffer_allocation_refused_during_graph_capture():
 
 
 def test_uva_view_aliases_the_pinned_host_bytes():
-    from ple_bench.backends.uva import cuda_view_of_pinned
+    from ple_bench.backends.cuda.uva import cuda_view_of_pinned
 
     host = torch.randint(1, 100, (1 << 20,), dtype=torch.int32).pin_memory()
     view = cuda_view_of_pinned(host, DEV)

@@ -15,10 +15,10 @@ import time
 import pytest
 import torch
 
-from ple_bench.backends import copy_engine as ce
-from ple_bench.backends.copy_engine import PinnedCopyEngineEmbedding
+from ple_bench.backends import pinned_copy_engine as ce
+from ple_bench.backends.pinned_copy_engine import PinnedCopyEngineEmbedding
 from ple_bench.backends.formats import DTYPES
-from ple_bench.backends.pinned import PinnedUVAEmbedding
+from ple_bench.backends.pinned_uva import PinnedUVAEmbedding
 from ple_bench.parallel import Groups, Topology
 from tests.gpu._helpers import event_ms, same, sharing
 from tests.gpu._helpers import expected as _expected

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ple_bench.backends import green
+from ple_bench.backends.cuda import green
 from ple_bench.backends.formats import int_view
-from ple_bench.backends.pinned import PinnedUVAEmbedding
+from ple_bench.backends.pinned_uva import PinnedUVAEmbedding
 from ple_bench.backends.synthetic import synthetic_rows
 from tests.gpu._helpers import event_ms
 

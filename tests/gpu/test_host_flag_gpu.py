@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend, synthetic_rows
-from ple_bench.backends.host_flag import MAX_POLLS
+from ple_bench.backends.pinned_host_flag import MAX_POLLS
 from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 
 pytestmark = pytest.mark.gpu

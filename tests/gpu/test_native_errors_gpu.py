@@ -1,4 +1,4 @@
-"""The native host gather (ple_bench/backends/native/host_gather.cpp) on a GPU machine: a bad call
+"""The native host gather (ple_bench/backends/cuda/native/host_gather.cpp) on a GPU machine: a bad call
 returns its failure value and names its error, ``native_error`` turns it into IndexError /
 ValueError, and the CPU gather backend raises it -- nothing crashes, and the next good lookup
 gives the right rows.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ple_bench.backends import get_backend
-from ple_bench.backends.native import host_gather_module, native_error, new_host_gather
+from ple_bench.backends.cuda.native import host_gather_module, native_error, new_host_gather
 
 pytestmark = pytest.mark.gpu
 

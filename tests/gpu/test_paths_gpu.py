@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from ple_bench.backends import fast_kernels as fk
-from ple_bench.backends.extra_paths import PinnedCPUGatherEmbedding, PinnedHotCacheEmbedding
+from ple_bench.backends.pinned_cpu_gather import PinnedCPUGatherEmbedding
+from ple_bench.backends.pinned_hot_cache import PinnedHotCacheEmbedding
 from ple_bench.backends.formats import DTYPES, int_view
-from ple_bench.backends.pinned import PinnedUVAEmbedding
+from ple_bench.backends.pinned_uva import PinnedUVAEmbedding
 from ple_bench.backends.synthetic import synthetic_rows
 from ple_bench.parallel import Groups, Topology
 from tests.gpu._helpers import same, sharing
@@ -85,7 +86,7 @@ def test_every_path_bit_exact(dtype_name, dim, label, rank, tokens=256):
     ("fp32", 3, False), ("fp8", 3, False), ("bf16", 100, False), ("fp16", 1280, False),
     ("fp8", 160, True), ("bf16", 128, True)])
 def test_tuned_kernel_configs_dedup_and_cache(dtype_name, dim, all_configs, n=777):
-    from ple_bench.backends.uva import cuda_view_of_pinned
+    from ple_bench.backends.cuda.uva import cuda_view_of_pinned
 
     dtype = DTYPES[dtype_name]
     rows = 5000

@@ -37,7 +37,7 @@ in a suite).
 
 The ids must be on the host to build the addresses: host ids are used as
 they are, device ids are copied to the host first; the prefetch runs on the
-host thread of :class:`~.host_prefetch.HostPathEmbedding` (see there for what
+host thread of :class:`~.host_common.HostPathEmbedding` (see there for what
 each waits for).  Issuing the copies is the host work counted in
 ``host_thread_s``.  Host work cannot be captured in a CUDA graph: eager (or
 eager breaks) only.  No SM runs the lookup, so ``sm_limit`` (a green-context
@@ -55,10 +55,9 @@ from typing import Any
 import torch
 
 from ..annotate import annotate
-from .cudart import loaded_libcudart
+from .cuda.cudart import loaded_libcudart
 from .formats import int_view
-from .host_prefetch import HostPathEmbedding
-from .registry import register_backend
+from .host_common import HostPathEmbedding
 
 MECHANISMS = ("memcpy_batch_raw", "memcpy_batch", "memcpy_loop", "torch_row_copies", "cpu_functional")
 # cudaMemcpyBatchAsync appeared in CUDA 12.8 (runtime and driver both).
@@ -252,11 +251,12 @@ def copy_addresses(positions: torch.Tensor, local_rows: torch.Tensor, row_bytes:
 
 
 # ----------------------------------------------------------------- backend
-@register_backend("pinned_copy_engine")
 class PinnedCopyEngineEmbedding(HostPathEmbedding):
     """Pinned table; one asynchronous host->device memcpy per owned row
     (see the module docstring).  ``copy_mechanism``: ``"auto"`` (default) or one
     of :data:`MECHANISMS`; ``prefer_overlap``: the batch call's overlap hint."""
+
+    name = "pinned_copy_engine"
 
     thread_name = "ple_copy_engine"
     sm_limit_refusal = ("pinned_copy_engine moves rows with the copy engines (one memcpy per row); "

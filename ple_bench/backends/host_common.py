@@ -1,5 +1,9 @@
 """The host-side lookup paths' shared machinery: ids brought to the host, the
-host thread that runs a prefetch, and the ordering of the side stream.
+host thread that runs a prefetch, the ordering of the side stream
+(:class:`HostPathEmbedding`, the base of ``pinned_cpu_gather`` and
+``pinned_copy_engine``), and the default size of a host gather's thread team
+(:func:`default_gather_threads`, read by ``pinned_cpu_gather``,
+``pinned_host_graph`` and ``pinned_host_flag``).
 
 A *host path* (:class:`HostPathEmbedding`) does its lookup with the host's
 cores -- a gather into pinned staging plus one host->device copy, or a batch
@@ -40,7 +44,7 @@ the ids or for a free staging buffer are not CPU work.
 
 Host work done on the calling thread cannot be captured in a CUDA graph: these
 paths run eagerly, or as eager breaks of a breakable graph (see
-:mod:`ple_bench.run.graphs`).  :mod:`.host_graph` (``pinned_host_graph``) does the
+:mod:`ple_bench.run.graphs`).  :mod:`.pinned_host_graph` (``pinned_host_graph``) does the
 same gather as a host node of the graph instead, captured whole.
 """
 
@@ -54,7 +58,16 @@ import torch
 
 from ..annotate import annotate
 from .formats import int_view
-from .pinned import PinnedUVAEmbedding
+from .pinned_uva import PinnedUVAEmbedding
+
+
+#: most host threads a gather uses by default (beyond this a decode-size gather gains nothing)
+MAX_DEFAULT_GATHER_THREADS = 16
+
+
+def default_gather_threads() -> int:
+    """The cores torch sees (its intra-op thread count), at most 16."""
+    return max(1, min(MAX_DEFAULT_GATHER_THREADS, torch.get_num_threads()))
 
 
 HOST_PREFETCH_MODES = ("thread", "deferred")

@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..spec.case import HOST_ALLOC_MODES
+from ...spec.case import HOST_ALLOC_MODES
 
 GiB = 1 << 30
 PAGE_BYTES = mmap.PAGESIZE

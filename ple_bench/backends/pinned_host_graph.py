@@ -3,7 +3,7 @@ CUDA graph captures, so a decode step with a host-resident table is ONE graph re
 
 The rows of a lookup are gathered by the host's cores into pinned staging by a *host
 function* enqueued on a stream (``cudaLaunchHostFunc``, the native module's
-``HostGraphGather``: backends/native/host_gather.cpp), then one ``cudaMemcpyAsync``
+``HostGraphGather``: backends/cuda/native/host_gather.cpp), then one ``cudaMemcpyAsync``
 staging -> output follows it on the same stream.  Enqueued during a stream capture they
 become a host node and a memcpy node of the graph.  A prefetch forks a side stream from
 the main stream, so in a full-graph step the branch
@@ -58,20 +58,20 @@ from typing import Sequence
 import torch
 
 from ..annotate import annotate
-from .cudart import MEMCPY_D2H, MEMCPY_H2D, RawEvent, current_stream_handle, function_address, memcpy_raw
-from .extra_paths import default_gather_threads
+from .cuda.cudart import MEMCPY_D2H, MEMCPY_H2D, RawEvent, current_stream_handle, function_address, memcpy_raw
+from .host_common import default_gather_threads
 from .formats import int_view
-from .native import host_gather_module, native_error, new_host_graph_gather
-from .pinned import PinnedUVAEmbedding
-from .registry import register_backend
+from .cuda.native import host_gather_module, native_error, new_host_graph_gather
+from .pinned_uva import PinnedUVAEmbedding
 
 #: rows per OpenMP task of the host node's row loop (as the CPU gather's native loop)
 DEFAULT_GRAIN = 64
 
 
-@register_backend("pinned_host_graph")
 class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
     """Host gather as a host node + one copy node: capturable whole (see the module doc)."""
+
+    name = "pinned_host_graph"
 
     blocks_host = False
     reads_ids_on_host = True
@@ -135,7 +135,7 @@ class PinnedHostGraphEmbedding(PinnedUVAEmbedding):
         if mod is None:
             if not self.functional:
                 raise NotImplementedError("pinned_host_graph needs the native host gather module "
-                                          "(ple_bench.backends.native.native_status() says why it is missing)")
+                                          "(ple_bench.backends.cuda.native.native_status() says why it is missing)")
             return
         launch = 0 if self.functional else function_address("cudaLaunchHostFunc")
         if not self.functional and not launch:

@@ -26,14 +26,13 @@ import torch
 
 from ..annotate import annotate
 from .base import PLEEmbedding, check_out
-from .green import GreenContextUnavailable, GreenHandle, shared_green_stream
-from .host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
-from .registry import register_backend
-from .uva import cuda_view_of_pinned, uva_available
+from .cuda.green import GreenContextUnavailable, GreenHandle, shared_green_stream
+from .cuda.host_alloc import HandedTable, HostAllocation, allocate_pinned, check_mode
+from .cuda.uva import cuda_view_of_pinned, uva_available
 
 
-@register_backend("pinned_uva")
 class PinnedUVAEmbedding(PLEEmbedding):
+    name = "pinned_uva"
     supports_prefetch = True
     table_in_host_memory = True
     takes_table = True

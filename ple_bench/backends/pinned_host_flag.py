@@ -1,7 +1,7 @@
 """``pinned_host_flag``: the host gather started by the host right after it launches the step's
 one CUDA graph, by a persistent thread team; the graph waits for the rows on a flag.
 
-:mod:`.host_graph` makes the host gather a host node of the step's graph, so the gather starts
+:mod:`.pinned_host_graph` makes the host gather a host node of the step's graph, so the gather starts
 when the driver's callback thread runs it: 24-33 us after the replay's launch on the lent H200
 hosts, with an OpenMP team woken for each node.  A server knows the step's ids on the host when
 the step starts (its scheduler sampled them), so the host can start the gather itself as soon as
@@ -14,7 +14,7 @@ the launch call returns, on threads that are already awake:
 
 ``post_ids`` (the decode step calls it right after each replay of the step's full graph with
 host ids: a backend that declares ``posts_ids``) hands the ids to a persistent team of
-``gather_threads`` threads (the native ``PostedGather``: backends/native/host_gather.cpp) and
+``gather_threads`` threads (the native ``PostedGather``: backends/cuda/native/host_gather.cpp) and
 returns at once.  In the graph, a one-program Triton kernel per piece polls that piece's flag
 word (host memory, read through UVA) until it is set, zeroes it, and a ``cudaMemcpyAsync`` node
 copies the piece; with ``chunks`` > 1 the copy of a piece overlaps the gather of the next.  No
@@ -29,7 +29,7 @@ previous one (an event recorded after them), so a replay's copies never read row
 
 Needs host ids (``ids_on = "host"``): with device ids the rows' ids are not on the host when the
 step starts (``NotImplementedError``: skipped).  One rank owns the whole table, as for
-:mod:`.host_graph`.  On a CPU (functional mode) the team gathers and the caller waits for it on
+:mod:`.pinned_host_graph`.  On a CPU (functional mode) the team gathers and the caller waits for it on
 the host, then copies staging into the output.
 """
 
@@ -41,12 +41,11 @@ import ctypes
 import torch
 
 from ..annotate import annotate
-from .cudart import MEMCPY_H2D, RawEvent, current_stream_handle, memcpy_raw
-from .extra_paths import default_gather_threads
-from .host_graph import DEFAULT_GRAIN, PinnedHostGraphEmbedding
-from .native import host_gather_module, native_error
-from .registry import register_backend
-from .uva import cuda_view_of_pinned
+from .cuda.cudart import MEMCPY_H2D, RawEvent, current_stream_handle, memcpy_raw
+from .host_common import default_gather_threads
+from .pinned_host_graph import DEFAULT_GRAIN, PinnedHostGraphEmbedding
+from .cuda.native import host_gather_module, native_error
+from .cuda.uva import cuda_view_of_pinned
 
 #: polls of a flag word before the poll kernel gives up (each poll reads host memory: ~1 us)
 MAX_POLLS = 1 << 20
@@ -83,10 +82,11 @@ def _build_poll_kernel():
     return _poll_kernel
 
 
-@register_backend("pinned_host_flag")
 class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
     """Host gather started at ``post_ids`` by a persistent team; the graph polls a flag per
     piece and copies it (see the module doc)."""
+
+    name = "pinned_host_flag"
 
     posts_ids = True
 
@@ -137,7 +137,7 @@ class PinnedHostFlagEmbedding(PinnedHostGraphEmbedding):
             mod = host_gather_module()
             if mod is None:
                 raise NotImplementedError("pinned_host_flag needs the native host gather module "
-                                          "(ple_bench.backends.native.native_status() says why it is missing)")
+                                          "(ple_bench.backends.cuda.native.native_status() says why it is missing)")
             self._native = mod.PostedGather(self._table_bytes(), self.shard.num_valid, self.gather_threads,
                                             self.grain, self.spin_us, self.pin_threads)
             if self._native.error()[0]:

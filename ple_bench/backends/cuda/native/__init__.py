@@ -5,7 +5,7 @@ every process and checkout (:func:`build_dir`, :func:`_source_in`).
 
 One source, host_gather.cpp: :func:`host_gather_module` gives the module with
 ``HostGather`` (the CPU gather's direct path) and ``HostGraphGather`` (the host-graph
-path's host node, backends/host_graph.py), or None when it cannot be had -- no
+path's host node, backends/pinned_host_graph.py), or None when it cannot be had -- no
 C++ compiler, no ninja, a build error, or ``PLE_BENCH_NATIVE=0`` -- and
 :func:`native_status` says which and why.  Without it the same path runs in
 Python (slower by the Python around the call: docs/lookup-paths.md)."""

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ..env import resolve_device
+from ...env import resolve_device
 
 
 class GreenContextUnavailable(NotImplementedError):
