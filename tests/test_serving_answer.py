@@ -1,0 +1,227 @@
+"""The serving answer: the SLO view of serve records (ple_bench/serving/slo.py) and ``advise --model``
+(ple_bench/advise/serving.py), on synthetic serving runs (tests/_fake_serve.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ple_bench.cli import main
+from ple_bench.serving.models import get_model
+from ple_bench.serving.slo import Placement, Scenario, ServePoint, answer_for, serving_verdict
+from tests._fake_serve import law_step_ms, serve_records, write_decoder_run, write_serve_run
+
+SC = Scenario("qwen3-8b", 8192, "bf16", int(47.7 * 2**30))
+ADVISE = ["advise", "--model", "qwen3-8b", "--context", "8192", "--table-bytes", "47.7GiB", "--dim", "160",
+          "--dtype", "fp8", "--heads", "16"]
+
+
+def curve(placement: str, pts: list[tuple[int, float]]) -> Placement:
+    return Placement(placement, tuple(ServePoint(b, ms) for b, ms in pts), max(b for b, _ in pts))
+
+
+# ---------------------------------------------------------------- the SLO math
+
+def test_target_between_measured_batches_is_interpolated_linearly_in_batch():
+    host = curve("host", [(10, 10.0), (20, 20.0), (40, 40.0)])
+    p = host.under(25.0)
+    assert (p.serve_batch, p.source) == (25, "interpolated")
+    assert p.step_ms == pytest.approx(25.0)
+    assert p.tokens_per_s == pytest.approx(1000.0)
+
+
+def test_interpolated_batch_rounds_down_and_the_step_follows_the_same_line():
+    host = curve("host", [(10, 10.0), (30, 14.0)])
+    p = host.under(12.9)  # 10 + 2.9/4 x 20 = 24.5 -> 24 sequences, step 10 + 14/20 x 4
+    assert p.serve_batch == 24
+    assert p.step_ms == pytest.approx(12.8)
+
+
+def test_a_measured_point_at_or_under_the_target_with_nothing_larger_is_kept_as_measured():
+    host = curve("host", [(10, 10.0), (20, 20.0)])
+    p = host.under(30.0)
+    assert (p.serve_batch, p.source, p.step_ms) == (20, "measured", 20.0)
+
+
+def test_no_point_under_the_target_gives_none_and_the_sentence_says_so():
+    host = curve("host", [(10, 40.0), (20, 50.0)])
+    hbm = curve("hbm", [(5, 35.0), (10, 38.0)])
+    assert host.under(30.0) is None
+    a = answer_for(SC, host, hbm, 30.0)
+    assert a.at_target.winner is None
+    assert "neither placement runs a batch" in a.sentence()
+    a = answer_for(SC, host, curve("hbm", [(5, 20.0), (10, 38.0)]), 30.0)
+    assert a.verdict_at_target == "hbm"
+    assert "host runs no batch under it (its smallest, 10 sequences, takes 40.0 ms)" in a.sentence()
+
+
+def test_both_placements_at_the_same_batch_under_the_target_are_equal():
+    host = curve("host", [(10, 10.0), (20, 20.0), (40, 30.0)])
+    hbm = curve("hbm", [(10, 10.0), (20, 20.0), (30, 25.0)])
+    a = answer_for(SC, host, hbm, 15.0)
+    assert a.at_target.host.serve_batch == a.at_target.hbm.serve_batch == 15
+    assert a.verdict_at_target == "equal"
+    assert "under 15.0 ms TPOT both run the same batch (15) → equal" in a.sentence()
+    assert a.verdict == "host"  # at their largest batches: 1333 vs 1200 tok/s
+
+
+def test_answer_sentence_puts_the_hbm_row_beside_the_host_and_the_ratio():
+    host = curve("host", [(48, 20.0), (96, 31.0)])
+    hbm = curve("hbm", [(27, 14.0), (54, 20.1)])
+    a = answer_for(SC, host, hbm, 25.0)
+    s = a.sentence()
+    assert s.startswith("qwen3-8b, 8 K context, bf16 KV, 47.7 GiB table: host: 96 sequences of 8 K tokens, "
+                        "3 100 tok/s at 31.0 ms TPOT; HBM: 54 sequences, 2 690 tok/s at 20.1 ms TPOT")
+    assert a.at_max.ratio == pytest.approx((96 / 31.0) / (54 / 20.1))
+    assert f"host serves {a.at_max.ratio:.2f}× the tokens/s" in s
+    rows = {label: (h, b, r) for label, h, b, r in a.table()}
+    assert rows["sequences at the largest batch"] == ("96", "54", "1.78×")
+    assert rows["sequences under 25.0 ms TPOT"][0] == "69 (interpolated)"  # 48 + 5/11 x 48 = 69.8
+
+
+def test_a_placement_with_no_point_says_why_and_the_other_serves_alone():
+    host = curve("host", [(10, 10.0), (20, 20.0)])
+    hbm = Placement("hbm", (), 0, "no sequence fits: (67.1 GiB - 63.0) / 1.12 = 0")
+    a = answer_for(SC, host, hbm, 30.0)
+    assert a.verdict == "host"
+    assert "HBM: no batch fits (no sequence fits: (67.1 GiB - 63.0) / 1.12 = 0)" in a.sentence()
+    assert "only host serves" in a.sentence()
+
+
+def test_serving_verdict_reads_records_per_scenario_and_their_stored_tokens_per_s():
+    recs = serve_records(contexts=(2048, 8192))
+    answers = serving_verdict(recs, tpot_ms=30.0)
+    assert [a.scenario.context_len for a in answers] == [2048, 8192]
+    top = max((r for r in recs if r["placement"] == "host" and r["context_len"] == 8192 and r["status"] == "ok"),
+              key=lambda r: r["serve_batch"])
+    top["tokens_per_s"] = 1234.5  # the stored figure is the one read
+    a = serving_verdict(recs)[1]
+    assert a.host.at_max.serve_batch == top["serve_batch"]
+    assert a.host.at_max.tokens_per_s == 1234.5
+    assert a.host.max_batch == top["max_batch"]
+
+
+def test_a_functional_run_has_no_serving_verdict():
+    a = serving_verdict(serve_records(contexts=(2048,), mode="functional"))[0]
+    assert a.functional and a.verdict is None and a.verdict_at_target is None
+    assert "no serving verdict" in a.sentence() and "serves" not in a.sentence().split("--")[1]
+
+
+def test_skipped_records_carry_their_reason_into_the_placement():
+    recs = serve_records(contexts=(2048,), hbm_bytes=int(60e9))  # 60 GB: the resident table leaves nothing
+    a = serving_verdict(recs)[0]
+    assert a.hbm.points == () and "no sequence fits" in a.hbm.reason
+    assert a.verdict == "host"
+
+
+# ---------------------------------------------------------------- advise --model
+
+def advise_json(capsys, *args: str) -> dict:
+    assert main([*ADVISE, *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_advise_model_answers_from_measured_serve_records(tmp_path, capsys):
+    run = write_serve_run(tmp_path, noise=0.01, seed=3)
+    out = advise_json(capsys, "--runs", str(run), "--tpot-ms", "25")
+    recs = [r for r in serve_records(noise=0.01, seed=3) if r["context_len"] == 8192 and r["status"] == "ok"]
+    for placement in ("host", "hbm"):
+        pl = out["placements"][placement]
+        top = max((r for r in recs if r["placement"] == placement), key=lambda r: r["serve_batch"])
+        assert pl["source"] == "measured"
+        assert pl["serve_batch"] == top["serve_batch"] == pl["capacity"]["max_batch"]
+        assert pl["tokens_per_s"] == pytest.approx(top["tokens_per_s"])
+        assert pl["tpot_ms"] == pytest.approx(top["tpot_ms"])
+        assert set(pl["capacity"]) >= {"budget_bytes", "weight_bytes", "table_term_bytes", "activation_bytes",
+                                       "kv_bytes_per_seq", "max_batch", "explain"}
+        assert "EngramConfig(cpu_offload=" in pl["engine_setting"]
+    assert out["placements"]["host"]["capacity"]["table_term_bytes"] < out["placements"]["hbm"]["capacity"][
+        "table_term_bytes"]
+    assert out["tpot_target_ms"] == 25.0
+    assert out["answer"].startswith("qwen3-8b, 8 K context, bf16 KV, 47.7 GiB table: host: ")
+    assert out["ratio_at_max"] == pytest.approx(out["placements"]["host"]["tokens_per_s"]
+                                                / out["placements"]["hbm"]["tokens_per_s"])
+
+
+def test_advise_model_predicts_another_gpu_and_marks_every_row_predicted(tmp_path, capsys):
+    run = write_serve_run(tmp_path)
+    out = advise_json(capsys, "--runs", str(run), "--hbm-bytes", "80GB")
+    assert {pl["source"] for pl in out["placements"].values()} == {"predicted"}
+    assert all(p["source"] == "predicted" for pl in out["placements"].values() for p in pl["points"])
+    host = out["placements"]["host"]
+    # the law the run was written from (fixed 0.3 ms, 4000 GB/s, host +0.01 ms) at the predicted batch
+    assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, extra_ms=0.01),
+                                            rel=1e-3)
+    assert host["serve_batch"] > out["placements"]["hbm"]["serve_batch"] >= 1
+    assert out["hbm_bytes"] == 80_000_000_000
+
+
+def test_advise_model_from_decoder_steps_adds_each_paths_exposed_lookup(tmp_path, capsys):
+    run = write_decoder_run(tmp_path, exposed={"device": 0.004, "pinned_host_flag": 0.25})
+    out = advise_json(capsys, "--runs", str(run))
+    assert out["step_model"]["exposed_ms"] == {"hbm": pytest.approx(0.004), "host": pytest.approx(0.25)}
+    for placement, extra in (("host", 0.25), ("hbm", 0.004)):
+        pl = out["placements"][placement]
+        assert pl["source"] == "predicted"
+        assert pl["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", pl["serve_batch"], 8192, extra_ms=extra),
+                                              rel=1e-3)
+    assert out["holdout"]["leave_one_batch_out"]["n"] == 0  # no serve record to hold out
+
+
+def test_a_prediction_is_never_shorter_than_its_bytes_at_the_hbm_read_ceiling(tmp_path, capsys):
+    run = write_decoder_run(tmp_path, rate_gbps=9000.0, fixed_ms=0.0, hbm_read_gbps=4000.0,
+                            exposed={"device": 0.0, "pinned_host_flag": 0.0})
+    out = advise_json(capsys, "--runs", str(run))
+    m = get_model("qwen3-8b")
+    for pl in out["placements"].values():
+        for p in pl["points"]:
+            nbytes = m.weight_bytes() + p["serve_batch"] * 8192 * m.kv_bytes_per_token("bf16")
+            assert p["step_ms"] == pytest.approx(nbytes / 4000e6)  # the floor, not the fitted 9000 GB/s
+
+
+def test_the_holdout_error_is_computed_and_printed(tmp_path, capsys):
+    clean = write_serve_run(tmp_path / "a")
+    out = advise_json(capsys, "--runs", str(clean))
+    batch, context = out["holdout"]["leave_one_batch_out"], out["holdout"]["leave_one_context_out"]
+    assert batch["n"] == 24 and context["n"] == 24  # 3 contexts x 2 placements x 4 fractions
+    assert batch["worst_abs_pct"] < 0.5 and context["worst_abs_pct"] < 0.5  # the law itself
+    recs = serve_records()
+    bad = next(r for r in recs if r["status"] == "ok" and r["context_len"] == 2048 and r["placement"] == "hbm")
+    for k in ("step_ms", "tpot_ms", "median_ms"):
+        bad[k] *= 1.3
+    off = write_serve_run(tmp_path / "b", records=recs)
+    out = advise_json(capsys, "--runs", str(off))
+    assert out["holdout"]["leave_one_batch_out"]["worst_abs_pct"] > 15
+    assert main([*ADVISE, "--runs", str(off)]) == 0
+    text = capsys.readouterr().out
+    assert "leave one batch out: median" in text and "leave one context out: median" in text
+
+
+def test_advise_model_bad_input_exits_2_naming_the_flag(tmp_path, capsys):
+    run = write_serve_run(tmp_path)
+    assert main(["advise", "--model", "qwen9", "--context", "8192", "--table-bytes", "1GiB", "--dim", "160",
+                 "--dtype", "fp8", "--heads", "16", "--runs", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--model" in err and "qwen3-8b" in err
+    assert main(["advise", "--model", "qwen3-8b", "--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8",
+                 "--heads", "16", "--runs", str(run)]) == 2
+    assert "--context" in capsys.readouterr().err
+    assert main([*ADVISE, "--kv-dtype", "int4", "--runs", str(run)]) == 2
+    assert "--kv-dtype" in capsys.readouterr().err
+    assert main([*ADVISE]) == 2
+    assert "--runs" in capsys.readouterr().err
+    assert main(["advise", "--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16"]) == 2
+    assert "--tokens" in capsys.readouterr().err
+
+
+def test_capacity_that_does_not_fit_is_an_answer_with_its_numbers(tmp_path, capsys):
+    run = write_serve_run(tmp_path)
+    out = advise_json(capsys, "--runs", str(run), "--host-bytes", "32GiB")
+    host = out["placements"]["host"]
+    assert host["source"] == "does not fit" and host["serve_batch"] == 0
+    assert "47.7 GiB" in host["capacity"]["reason"] and "32.0 GiB" in host["capacity"]["reason"]
+    assert out["verdict"] == "hbm"
+    assert main([*ADVISE[:4], "2000000", *ADVISE[5:], "--runs", str(run)]) == 0  # 2 M tokens: no sequence fits
+    text = capsys.readouterr().out
+    assert "host: no batch fits (no sequence fits: (" in text and "HBM: no batch fits" in text
