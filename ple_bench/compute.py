@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .serving.models import MODELS, layer_params
 from .spec.case import COMPUTE_KINDS  # noqa: F401  (the kinds are an axis: defined with the case)
 
 
@@ -77,9 +78,7 @@ class DecoderShape:
     @property
     def layer_params(self) -> int:
         """Weights of one layer: QKV, output projection, gate+up, down, the norms."""
-        d, hd = self.hidden, self.head_dim
-        return (d * self.qkv_width + self.heads * hd * d + d * 2 * self.intermediate
-                + self.intermediate * d + 2 * d + 2 * hd)
+        return layer_params(self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate)
 
     def layer_weight_bytes(self, element_size: int) -> int:
         return self.layer_params * element_size
@@ -89,12 +88,12 @@ class DecoderShape:
         return 2 * context_len * batch * self.kv_heads * self.head_dim * element_size
 
 
-#: named shapes (the ``decoder_shape`` axis)
+#: named shapes (the ``decoder_shape`` axis): one layer of each model preset
+#: (:data:`ple_bench.serving.models.MODELS`, where the shapes are defined)
 DECODER_SHAPES: dict[str, DecoderShape] = {
-    # Qwen3-8B's layer (config.json of Qwen/Qwen3-8B): 36 such layers in the model
-    "qwen3-8b": DecoderShape("qwen3-8b", hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=12288),
-    # the same structure, small enough for CPU functional mode and the CPU tests
-    "tiny": DecoderShape("tiny", hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96),
+    m.name: DecoderShape(m.name, hidden=m.hidden, heads=m.heads, kv_heads=m.kv_heads, head_dim=m.head_dim,
+                         intermediate=m.ffn)
+    for m in MODELS.values()
 }
 
 
