@@ -224,4 +224,4 @@ def test_capacity_that_does_not_fit_is_an_answer_with_its_numbers(tmp_path, caps
     assert out["verdict"] == "hbm"
     assert main([*ADVISE[:4], "2000000", *ADVISE[5:], "--runs", str(run)]) == 0  # 2 M tokens: no sequence fits
     text = capsys.readouterr().out
-    assert "host: no batch fits (no sequence fits: (" in text and "HBM: no batch fits" in text
+    assert "host: no batch fits (no sequence of 2000000 tokens fits" in text and "HBM: no batch fits" in text

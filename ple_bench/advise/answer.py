@@ -39,7 +39,7 @@ from ..workload import parse_ids_spec
 from .html import write_advice_html
 from .model import build_model, load_runs
 from .serving import ServingAdviseError, ServingAsk, advise_serving, format_serving_text
-from ..serving.models import MODELS, get_model
+from ..serving.models import KV_DTYPES, MODELS, get_model
 from .self_run import NO_GPU, functional_case_count, self_run
 from .what_if import WhatIf, model_advice
 
@@ -494,10 +494,8 @@ def run_model_advise(args: argparse.Namespace) -> int:
         if args.context is None or args.context < 1:
             raise AdviseError(f"--context: tokens of context per sequence, >= 1, are needed with --model "
                               f"(got {args.context})")
-        try:  # the preset owns the KV dtypes it knows (their bytes)
-            model.kv_bytes_per_token(args.kv_dtype)
-        except (KeyError, ValueError):
-            raise AdviseError(f"--kv-dtype: unknown {args.kv_dtype!r}; allowed: bf16, fp8") from None
+        if args.kv_dtype not in KV_DTYPES:
+            raise AdviseError(f"--kv-dtype: unknown {args.kv_dtype!r}; allowed: {', '.join(KV_DTYPES)}")
         if args.dtype not in DTYPE_BYTES:
             raise AdviseError(f"--dtype: unknown {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
         for name in ("dim", "heads", "etp"):

@@ -339,6 +339,7 @@ class ServingAdvice:
                 "capacity": {"budget_bytes": cap.budget_bytes, "weight_bytes": cap.weight_bytes,
                              "table_term_bytes": cap.table_term_bytes, "activation_bytes": cap.activation_bytes,
                              "kv_bytes_per_seq": cap.kv_bytes_per_seq, "max_batch": cap.max_batch,
+                             "staging_bytes": cap.table_term_bytes if pl.placement == "host" else 0,
                              "reason": pl.reason or cap.reason, "explain": cap.explain()},
                 "points": [{"serve_batch": p.serve_batch, "step_ms": p.step_ms, "tokens_per_s": p.tokens_per_s,
                             "tpot_ms": p.tpot_ms, "source": p.source, "case_id": p.case_id or None}
@@ -390,14 +391,14 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
     caps: dict[str, Capacity] = {}
     for placement in PLACEMENTS:
         kw = dict(placement=placement, context_len=ask.context_len, kv_dtype=ask.kv_dtype, hbm_bytes=hbm,
-                  table_bytes=ask.table_bytes, etp=ask.etp, gpu_memory_utilization=ask.gpu_memory_utilization)
+                  table_bytes=ask.table_bytes, etp=ask.etp, gpu_memory_utilization=ask.gpu_memory_utilization,
+                  host_bytes=ask.host_bytes)
         if placement == "host":  # the staging buffers hold one step's rows: sized at the batch without them
             first = capacity(ask.model, staging_bytes=0, **kw)
             caps[placement] = capacity(ask.model, staging_bytes=staging_bytes(first.max_batch, ask.heads, row_bytes),
                                        **kw)
         else:
             caps[placement] = capacity(ask.model, **kw)
-    host_fits = ask.host_bytes is None or ask.table_bytes <= ask.host_bytes
     if ask.host_bytes is None:
         notes.append("host memory not given (--host-bytes): the table is assumed to fit it")
 
@@ -413,15 +414,8 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
     sources: dict[str, str] = {}
     for placement in PLACEMENTS:
         cap = caps[placement]
-        if placement == "host" and not host_fits:
-            curves[placement] = Placement(placement, (), 0,
-                                          f"the table ({ask.table_bytes / GIB:.1f} GiB) is larger than host memory "
-                                          f"({ask.host_bytes / GIB:.1f} GiB)")
-            sources[placement] = "does not fit"
-            continue
-        if cap.max_batch < 1:
-            curves[placement] = Placement(placement, (), 0, f"no sequence fits: {cap.explain()}"
-                                          + (f" ({cap.reason})" if cap.reason else ""))
+        if cap.max_batch < 1:  # the rule's reason, with its numbers
+            curves[placement] = Placement(placement, (), 0, cap.reason or cap.explain())
             sources[placement] = "does not fit"
             continue
         measured = placement_of(mine, placement)
@@ -459,7 +453,7 @@ def format_serving_text(a: ServingAdvice) -> str:
     lines += ["", "where each figure comes from: " + ", ".join(f"{PLACE[p]} {s}" for p, s in a.sources.items()),
               "capacity (the largest batch: (HBM × utilization − weights − table term − activations) ÷ KV per sequence):"]
     for p in PLACEMENTS:
-        lines.append(f"  {PLACE[p]}: {a.capacities[p].explain()}")
+        lines.append(f"  {a.capacities[p].explain()}")
     lines.append("points (batch, step ms = TPOT, tokens/s, source):")
     for pl in (ans.host, ans.hbm):
         if not pl.points:
