@@ -225,3 +225,34 @@ def test_capacity_that_does_not_fit_is_an_answer_with_its_numbers(tmp_path, caps
     assert main([*ADVISE[:4], "2000000", *ADVISE[5:], "--runs", str(run)]) == 0  # 2 M tokens: no sequence fits
     text = capsys.readouterr().out
     assert "host: no batch fits (no sequence of 2000000 tokens fits" in text and "HBM: no batch fits" in text
+
+
+# ---------------------------------------------------------------- the report and summary.md lead with it
+
+def test_the_report_leads_with_the_serving_answer_when_the_run_has_serve_records(tmp_path):
+    from ple_bench.report.export import write_summaries
+    from ple_bench.report.html import build_report
+
+    run = write_serve_run(tmp_path / "runs", contexts=(2048, 8192))
+    html = build_report(run, tmp_path / "reports").read_text()
+    answers = serving_verdict(serve_records(contexts=(2048, 8192)))
+    assert html.index('id="serving"') < html.index('id="key-findings"')
+    assert html.index('id="serving"') < html.index('id="plot-serving"') < html.index('id="serving-table"')
+    for a in answers:
+        assert a.sentence() in html  # each scenario's sentence, as the verdict wrote it
+    assert 'id="verdict"' not in html  # no lookup verdict to show: the serving answer leads alone
+    write_summaries(run)
+    md = (run / "summary.md").read_text()
+    assert md.index("## What the placement buys") < md.index("## Every case")
+    assert f"- {answers[1].sentence()}" in md
+
+
+def test_the_report_has_no_serving_section_without_serve_records(tmp_path):
+    from ple_bench.report.export import write_summaries
+    from ple_bench.report.html import build_report
+
+    run = write_decoder_run(tmp_path / "runs")
+    html = build_report(run, tmp_path / "reports").read_text()
+    assert 'id="serving"' not in html and 'id="plot-serving"' not in html and 'id="verdict"' in html
+    write_summaries(run)
+    assert "What the placement buys" not in (run / "summary.md").read_text()

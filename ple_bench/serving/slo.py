@@ -208,6 +208,21 @@ class ServingAnswer:
                          _ratio(h.tpot_ms / b.tpot_ms) if h and b else ""))
         return rows
 
+    def summary_cells(self) -> list[str]:
+        """The scenario as one row of :data:`SUMMARY_HEADERS` (host and HBM side by side, at the
+        largest batch and under the target)."""
+        m, t = self.at_max, self.at_target
+
+        def cells(cmp: Comparison) -> list[str]:
+            h, b = cmp.host, cmp.hbm
+            return [_batch_cell(h), _batch_cell(b), _tok(h.tokens_per_s) if h else "–",
+                    _tok(b.tokens_per_s) if b else "–", _ms(h.tpot_ms) if h else "–", _ms(b.tpot_ms) if b else "–",
+                    _ratio(cmp.ratio) if cmp.ratio is not None else "–"]
+
+        verdict = "no verdict (functional)" if self.functional else (
+            f"{_verdict_words(m, short=True)} / {_verdict_words(t, short=True)}")
+        return [self.scenario.label] + cells(m) + [_ms(self.tpot_ms)] + cells(t) + [verdict]
+
     def to_json(self) -> dict[str, Any]:
         def point(p: ServePoint | None) -> dict[str, Any] | None:
             return None if p is None else {"serve_batch": p.serve_batch, "step_ms": p.step_ms, "tpot_ms": p.tpot_ms,
@@ -223,6 +238,13 @@ class ServingAnswer:
                 "ratio_at_max": self.at_max.ratio, "ratio_at_target": self.at_target.ratio,
                 "verdict": self.verdict, "verdict_at_target": self.verdict_at_target,
                 "answer": self.sentence()}
+
+
+#: the columns of :meth:`ServingAnswer.summary_cells` (the report's and summary.md's answer table)
+SUMMARY_HEADERS = ("scenario", "host sequences", "HBM sequences", "host tok/s", "HBM tok/s", "host TPOT ms",
+                   "HBM TPOT ms", "host/HBM tok/s", "TPOT target ms", "host sequences under it",
+                   "HBM sequences under it", "host tok/s under it", "HBM tok/s under it", "host TPOT ms under it",
+                   "HBM TPOT ms under it", "host/HBM tok/s under it", "verdict (largest batch / under the target)")
 
 
 # ---------------------------------------------------------------- words
@@ -348,5 +370,5 @@ def serving_verdict(records: Iterable[Mapping[str, Any]], tpot_ms: float | None 
     return out
 
 
-__all__ = ["EQUAL_PCT", "DEFAULT_TPOT_MS", "ServePoint", "Scenario", "Placement", "Comparison", "ServingAnswer",
+__all__ = ["EQUAL_PCT", "DEFAULT_TPOT_MS", "SUMMARY_HEADERS", "ServePoint", "Scenario", "Placement", "Comparison", "ServingAnswer",
            "answer_for", "serving_verdict", "placement_of", "point_of", "scenario_of", "context_words"]
