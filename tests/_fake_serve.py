@@ -73,11 +73,14 @@ def serve_records(*, model: str = "qwen3-8b", contexts: Iterable[int] = (2048, 8
 
 def write_serve_run(results_dir: str | Path, run_id: str = "2026-12-02T10-00-00-serve", *,
                     records: list[dict[str, Any]] | None = None, hbm_bytes: int = H200_BYTES,
-                    hbm_read_gbps: float | None = 4400.0, mode: str = "gpu", **kw: Any) -> Path:
+                    hbm_read_gbps: float | None = 4400.0, mode: str = "gpu", host_memory_bytes: int | None = None,
+                    **kw: Any) -> Path:
     """A run folder (records.jsonl + meta.json) of serve records (``records``, or :func:`serve_records`)."""
     recs = records if records is not None else serve_records(hbm_bytes=hbm_bytes, mode=mode, **kw)
     meta = gpu_meta(run_id, suite="serving", mode=mode)
     meta["device"] = dict(meta["device"], memory_bytes=hbm_bytes)
+    if host_memory_bytes:
+        meta["device"]["host_memory_bytes"] = host_memory_bytes
     if hbm_read_gbps:
         meta["ceilings"]["hbm_read_gbps"] = hbm_read_gbps
     return write_run(results_dir, run_id, meta, recs)

@@ -222,6 +222,10 @@ def test_capacity_that_does_not_fit_is_an_answer_with_its_numbers(tmp_path, caps
     assert host["source"] == "does not fit" and host["serve_batch"] == 0
     assert "47.7 GiB" in host["capacity"]["reason"] and "32.0 GiB" in host["capacity"]["reason"]
     assert out["verdict"] == "hbm"
+    small_host = write_serve_run(tmp_path / "small-host", host_memory_bytes=40 * 2**30)
+    out = advise_json(capsys, "--runs", str(small_host))  # the runs' machine's host memory when not asked
+    assert out["placements"]["host"]["source"] == "does not fit" and "40.0 GiB" in out["placements"]["host"][
+        "capacity"]["reason"]
     assert main([*ADVISE[:4], "2000000", *ADVISE[5:], "--runs", str(run)]) == 0  # 2 M tokens: no sequence fits
     text = capsys.readouterr().out
     assert "host: no batch fits (no sequence of 2000000 tokens fits" in text and "HBM: no batch fits" in text

@@ -372,6 +372,14 @@ def run_hbm_bytes(metas: Sequence[dict[str, Any]]) -> int | None:
     return int(max(vals)) if vals else None
 
 
+def run_host_bytes(metas: Sequence[dict[str, Any]]) -> int | None:
+    """The host memory of the machine the runs measured (meta.json ``device.host_memory_bytes``; the
+    smallest)."""
+    vals = [num((m.get("device") or {}).get("host_memory_bytes")) for m in metas if isinstance(m.get("device"), dict)]
+    vals = [v for v in vals if v]
+    return int(min(vals)) if vals else None
+
+
 def staging_bytes(cap_batch: int, heads: int, row_bytes: int) -> int:
     """The host placement's staging buffers: :data:`STAGING_COPIES` copies of one step's rows at
     ``cap_batch`` sequences (one token each)."""
@@ -388,20 +396,23 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
         raise ServingAdviseError("--hbm-bytes: the runs name no GPU memory (meta.json device.memory_bytes); "
                                  "give the GPU's HBM, e.g. --hbm-bytes 80GB")
     row_bytes = ask.dim * DTYPE_BYTES[ask.dtype]
+    host_bytes = ask.host_bytes or run_host_bytes(metas)
+    if host_bytes is None:
+        notes.append("host memory unknown (no --host-bytes, no device.host_memory_bytes in the runs): "
+                     "the table is assumed to fit it")
+    elif ask.host_bytes is None:
+        notes.append(f"host memory: {host_bytes / GIB:.1f} GiB, the runs' machine (--host-bytes for another)")
     caps: dict[str, Capacity] = {}
     for placement in PLACEMENTS:
         kw = dict(placement=placement, context_len=ask.context_len, kv_dtype=ask.kv_dtype, hbm_bytes=hbm,
                   table_bytes=ask.table_bytes, etp=ask.etp, gpu_memory_utilization=ask.gpu_memory_utilization,
-                  host_bytes=ask.host_bytes)
+                  host_bytes=host_bytes)
         if placement == "host":  # the staging buffers hold one step's rows: sized at the batch without them
             first = capacity(ask.model, staging_bytes=0, **kw)
             caps[placement] = capacity(ask.model, staging_bytes=staging_bytes(first.max_batch, ask.heads, row_bytes),
                                        **kw)
         else:
             caps[placement] = capacity(ask.model, **kw)
-    if ask.host_bytes is None:
-        notes.append("host memory not given (--host-bytes): the table is assumed to fit it")
-
     same_gpu = ask.hbm_bytes is None or (measured_hbm is not None and abs(hbm - measured_hbm) <= 0.01 * hbm)
     mine = [r for r in records if _same_shape(r, ask)] if same_gpu and ask.etp == 1 else []
     step_model = build_step_model(records, metas, ask.model, models)
