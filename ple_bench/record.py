@@ -67,14 +67,14 @@ SCHEMA_VERSION = 6
 #: bound what the lookup does), not that the lookup is fast
 CEILING_SLACK_PCT = 105.0
 
-KINDS = ("all", "lookup", "step")
+KINDS = ("all", "lookup", "step", "serve")
 
 
 @dataclass(frozen=True)
 class Field:
     name: str
     unit: str  # "" when the field has none (text, flags, counts)
-    kinds: str  # all | lookup | step
+    kinds: str  # all | lookup | step | serve
     definition: str
     derived: bool = False  # computed by :func:`derive` from the other fields
     legacy: bool = False  # only on records upgraded from an older schema
@@ -299,6 +299,29 @@ FIELDS: tuple[Field, ...] = (
        "100 x compute_hbm_gbps / meta.json ceilings.hbm_read_gbps (reading device memory, writing nothing, bytes "
        "read, measured in the same run): how memory-bound the compute is (compute_bytes are the bytes it reads); "
        "None in functional mode or where the run has no read ceiling (runs before 2026-12-02)", derived=True),
+    # the served step (kind = "serve": ple_bench.run.serve); it also carries step_ms, compute_ms, exposed_ms
+    _f("placement", "", "serve", "where the table is: hbm (in GPU memory, the one-kernel gather, ids on the device) | "
+       "host (pinned host memory, the posted flag path, ids on the host)"),
+    _f("serve_batch", "sequences", "serve", "sequences in the step (one token each: = tokens per step) = "
+       "round(max_batch x batch_fraction)"),
+    _f("max_batch", "sequences", "serve", "the capacity rule's largest batch for the placement "
+       "(ple_bench.serving.capacity: (HBM x gpu_memory_utilization - weights - table term - activations) / KV "
+       "bytes per sequence)"),
+    _f("capacity_rule", "", "serve", "the capacity rule with its terms in GiB (Capacity.explain())"),
+    _f("hbm_bytes_total", "B", "serve", "the GPU memory the rule starts from (torch's total_memory; a pretend "
+       "size in functional mode)"),
+    _f("weight_bytes", "B", "serve", "the model's weights allocated (layers, embedding, final norm, LM head, the "
+       "PLE projection)"),
+    _f("kv_bytes", "B", "serve", "the KV caches allocated for the batch (every layer's K and V, serve_batch x "
+       "context_len positions)"),
+    _f("kv_source", "", "serve", "measured (the step ran over a KV cache of kv_dtype) | predicted (the capacity "
+       "rule's batch only: no kernel reads that KV dtype)"),
+    _f("hbm_bytes_used", "B", "serve", "torch's max allocated GPU memory during the case (table, weights, KV, "
+       "activations; None in functional mode)"),
+    _f("tokens_per_s", "tokens/s", "serve", "serve_batch / step_ms: tokens the batch decodes per second",
+       derived=True),
+    _f("tpot_ms", "ms", "serve", "time per output token of each sequence = step_ms (one token per sequence per "
+       "step)", derived=True),
     # a table in host memory (every case of a backend whose table is in host memory)
     _f("pinned_bytes", "B", "all", "bytes page-locked for this rank's shard (0 in functional mode)"),
     _f("host_table_bytes", "B", "all", "host bytes the allocation reserves"),
@@ -596,6 +619,9 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
     if kind == "step":
         _derive_step(rec, _peers(peers), ceilings)
         return rec
+    if kind == "serve":
+        _derive_serve(rec)
+        return rec
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     if rec.get("status") != "ok":
         return rec
@@ -642,6 +668,16 @@ def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] 
         read = _num((ceilings or {}).get("hbm_read_gbps"))
         if rec.get("mode") in (None, "gpu") and read and read > 0:
             rec["compute_pct_of_hbm_read"] = 100.0 * rec["compute_hbm_gbps"] / read
+
+
+def _derive_serve(rec: dict[str, Any]) -> None:
+    """A served step's throughput and TPOT (one token per sequence per step)."""
+    rec["overlap_efficiency"] = rec["overlap_twin"] = None
+    rec["tokens_per_s"] = rec["tpot_ms"] = None
+    step_ms, batch = _num(rec.get("step_ms")), _num(rec.get("serve_batch"))
+    if rec.get("status") == "ok" and step_ms and step_ms > 0 and batch:
+        rec["tokens_per_s"] = batch / (step_ms / 1e3)
+        rec["tpot_ms"] = step_ms
 
 
 _OFFLOAD_KEYS = ("offload_overhead", "offload_baseline", "offload_baseline_ms", "offload_baseline_graph",

@@ -30,7 +30,7 @@ from ..parallel import Groups, Topology
 from ..spec.case import Case
 from ..traces import TraceUnavailable
 from ..workload import make_id_sets, make_ids, parse_ids_spec, warmup_ids
-from . import step as step_mod
+from . import serve as serve_mod, step as step_mod
 from .outcome import InvalidCase, SkipCase
 
 FP8_SCALE = 0.5
@@ -166,7 +166,9 @@ class CaseExecutor:
             backend = self.table.backend
             backend.set_max_tokens(case.num_tokens)
             # same table, another kernel: swap the kernel, keep the filled table
-            backend.set_kernel(case.kernel or type(backend).default_kernel)
+            # (the backend's functional-mode kernel on a CPU, as when it was built)
+            cls = type(backend)
+            backend.set_kernel(case.kernel or (self.device.type == "cpu" and cls.cpu_kernel) or cls.default_kernel)
             return backend
         try:
             cls = get_backend(case.impl)
@@ -276,6 +278,9 @@ class CaseExecutor:
         if topo.world_size != self.world_size:
             raise SkipCase(f"needs {topo.world_size} ranks, this process group has {self.world_size}")
         groups = self.groups_for(topo)
+        if case.kind == "serve":
+            with annotate(f"case {case.case_id}", color="blue"):
+                return self._run_serve(case, policy, topo, groups)
         with annotate(f"case {case.case_id}", color="blue"):
             backend = self.backend_for(case, topo, groups)
             if case.sm_limit:
@@ -296,6 +301,54 @@ class CaseExecutor:
             rec.update(_traffic_fields(case, id_sets))
             rec["kernel_ran"] = str(backend.kernel_name) if backend.lookup_mechanism() == "kernel" else None
             return rec
+
+    def _run_serve(self, case: Case, policy, topo: Topology, groups: Groups) -> dict[str, Any]:
+        """A served decode step (:mod:`ple_bench.run.serve`): the batch from the capacity rule, the
+        table (reused across cases as for any case), the whole model's step checked and timed."""
+        try:
+            cls = get_backend(case.impl)
+            placement = serve_mod.placement_of(cls)
+        except (ValueError, NotImplementedError) as exc:
+            raise SkipCase(str(exc)) from exc
+        if topo.world_size > 1:
+            raise SkipCase("a served step runs on one rank (tp = etp = dp = 1)")
+        if case.kv_dtype != "bf16":
+            raise SkipCase(f"kv_dtype={case.kv_dtype}: no decode-attention kernel reads a {case.kv_dtype} KV cache "
+                           f"here; the capacity rule's prediction: "
+                           f"{serve_mod.serve_capacity(case, placement, self.device).explain()}")
+        cap = serve_mod.serve_capacity(case, placement, self.device)
+        if placement == "host" and case.table_bytes > host_memory_bytes():
+            raise SkipCase(f"{cap.explain()}: the table ({case.table_bytes / 2**30:.1f} GiB) is larger than the "
+                           f"host memory ({host_memory_bytes() / 2**30:.1f} GiB)")
+        if cap.max_batch == 0:
+            raise SkipCase(cap.explain())
+        batch = serve_mod.serve_batch(cap, case.batch_fraction)
+        # the path's axes follow the placement: the resident one-kernel gather with ids on the device,
+        # or the posted flag path with the ids on the host (as a server's scheduler has them)
+        run_case = replace(case, num_tokens=batch, ids_on="host" if placement == "host" else "device",
+                           prefetch=placement == "host", graph="full" if self.device.type == "cuda" else "eager")
+        backend = self.backend_for(run_case, topo, groups)
+        id_sets = self.id_sets_for(run_case, topo, max(2, getattr(policy, "id_sets", 1)))
+        self._gate(run_case, backend, id_sets, None)
+        try:
+            rec = serve_mod.run_serve_case(run_case, backend, id_sets, policy, self.device, cap=cap, batch=batch,
+                                           placement=placement, table_seed=self.table.seed)
+        except NotImplementedError as exc:
+            raise SkipCase(f"{exc} ({cap.explain()})") from exc
+        except torch.OutOfMemoryError as exc:
+            gc.collect()  # the step's half-built tensors: the next case's batch needs their memory
+            torch.cuda.empty_cache()
+            raise SkipCase(f"out of memory at batch {batch}: {' '.join(str(exc).split())[:300]} "
+                           f"({cap.explain()})") from exc
+        except step_mod.StepMismatch as exc:
+            raise InvalidCase(str(exc)) from exc
+        rows = id_sets[0].numel()
+        rec.update(rows=rows, bytes_moved=rows * case.row_bytes, row_bytes=case.row_bytes,
+                   table_bytes=case.table_bytes)
+        rec.update(self.table_cost_fields())
+        rec.update(_traffic_fields(run_case, id_sets))
+        rec["kernel_ran"] = str(backend.kernel_name) if backend.lookup_mechanism() == "kernel" else None
+        return rec
 
     def _prepare_sm_limit(self, case: Case, backend) -> None:
         """``sm_limit`` > 0: the prefetch side stream on a green context of that many

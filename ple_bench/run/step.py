@@ -548,7 +548,7 @@ def _agree_max(value: int, device: torch.device) -> int:
 
 
 # ---------------------------------------------------------------- correctness
-def _reference_rows(step: DecodeStep, ids: torch.Tensor, table_seed: int | None,
+def reference_rows(step: DecodeStep, ids: torch.Tensor, table_seed: int | None,
                     dp_token_counts: Sequence[int] | None) -> torch.Tensor:
     b = step.backend
     if table_seed is not None:
@@ -586,7 +586,7 @@ def check_step(
         run()
         step._sync()
         step.backend.check_deferred_errors()  # e.g. an id past the table met by a graph's host node
-        ref = _reference_rows(step, ids, table_seed, dp_token_counts)
+        ref = reference_rows(step, ids, table_seed, dp_token_counts)
         got = step.rows.contiguous().view(torch.uint8)
         want = ref.to(step.rows.device).contiguous().view(torch.uint8)
         if got.shape != want.shape:

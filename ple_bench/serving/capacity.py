@@ -24,6 +24,10 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.2f}"
+
+
 @dataclass(frozen=True)
 class Capacity:
     """The rule's terms (bytes) and its answer."""
@@ -53,14 +57,18 @@ class Capacity:
     def explain(self) -> str:
         """The rule with its terms in GiB, e.g. ``(139.8 GiB x 0.90 - 15.3 weights - 47.7 table - 0.4
         activations) / 1.13 GiB per sequence = 54``."""
+        # GiB; MiB for a pretend GPU of less than 1 GiB (functional mode)
+        big = self.hbm_bytes >= GIB
+        b, unit = (_gib, "GiB") if big else (_mib, "MiB")
         if self.placement == "hbm":
-            table = f"{_gib(self.table_term_bytes)} table" + (
-                f" ({_gib(self.table_bytes)} / ETP {self.etp})" if self.etp > 1 else "")
+            table = f"{b(self.table_term_bytes)} table" + (
+                f" ({b(self.table_bytes)} / ETP {self.etp})" if self.etp > 1 else "")
         else:
-            table = f"{_gib(self.table_term_bytes)} staging (table of {_gib(self.table_bytes)} in host memory)"
-        text = (f"{self.placement}: ({_gib(self.hbm_bytes)} GiB × {self.gpu_memory_utilization:.2f} − "
-                f"{_gib(self.weight_bytes)} weights − {table} − {_gib(self.activation_bytes)} activations) ÷ "
-                f"{self.kv_bytes_per_seq / GIB:.3g} GiB per sequence ({self.model}, {self.context_len} tokens of "
+            table = f"{b(self.table_term_bytes)} staging (table of {b(self.table_bytes)} in host memory)"
+        per_seq = self.kv_bytes_per_seq / (GIB if big else 1 << 20)
+        text = (f"{self.placement}: ({b(self.hbm_bytes)} {unit} × {self.gpu_memory_utilization:.2f} − "
+                f"{b(self.weight_bytes)} weights − {table} − {b(self.activation_bytes)} activations) ÷ "
+                f"{per_seq:.3g} {unit} per sequence ({self.model}, {self.context_len} tokens of "
                 f"{self.kv_dtype} KV) = {self.max_batch}")
         return text if self.reason is None else f"{text}: {self.reason}"
 

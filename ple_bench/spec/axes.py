@@ -15,7 +15,8 @@ from ..backends.registry import backend_names, get_backend
 from ..compute import DECODER_SHAPES
 from ..measure.timer import TimingPolicy
 from ..units import DTYPE_BYTES, BadValue, parse_size
-from .case import COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, Case
+from ..serving.models import KV_DTYPES, MODELS
+from .case import COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, SERVE_AXES, Case
 
 STEP_ONLY_AXES = ("compute_us", "hidden", "compute") + DECODER_AXES
 
@@ -141,6 +142,10 @@ AXES: dict[str, Callable[[Any], Any]] = {
     "decoder_shape": _choice(tuple(DECODER_SHAPES), "decoder_shape"),
     "decoder_layers": _int(1),
     "context_len": _int(1),
+    "model": _choice(tuple(MODELS), "model"),
+    "kv_dtype": _choice(KV_DTYPES, "kv_dtype"),
+    "gpu_memory_utilization": _float(0.0, 1.0, lo_open=True),
+    "batch_fraction": _float(0.0, 1.0, lo_open=True),
 }
 # Pseudo-axis: a table size, turned into vocab_size = table_bytes // row_bytes.
 PSEUDO_AXES: dict[str, Callable[[Any], Any]] = {"table_bytes": parse_size}

@@ -14,7 +14,9 @@ from typing import Any
 
 from ..units import DTYPE_BYTES
 
-KINDS = ("lookup", "step")
+#: lookup: one lookup; step: a synthetic decode step; serve: a model's whole decode step at the
+#: batch a table placement leaves HBM for (ple_bench.run.serve)
+KINDS = ("lookup", "step", "serve")
 GRAPH_MODES = ("eager", "breakable", "full")
 #: where a case's ids live when the lookup (or step) starts: produced on the GPU,
 #: or known on the host (as a server's scheduler knows them), in pinned memory
@@ -26,6 +28,11 @@ HOST_ALLOC_MODES = ("torch", "exact", "exact_huge")
 COMPUTE_KINDS = ("matmul", "decoder")
 #: the axes of the decoder compute only (reset to their defaults on other cases)
 DECODER_AXES = ("decoder_shape", "decoder_layers", "context_len")
+#: the axes of the served step only (reset to their defaults on other cases)
+SERVE_AXES = ("model", "kv_dtype", "gpu_memory_utilization", "batch_fraction")
+#: axes a served step sets itself (the batch from the capacity rule; the path from the placement)
+SERVE_DERIVED_AXES = ("num_tokens", "graph", "prefetch", "ids_on", "compute", "compute_us", "hidden",
+                      "decoder_shape", "decoder_layers")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,12 @@ class Case:
     decoder_shape: str = "qwen3-8b"  # a name of ple_bench.compute.DECODER_SHAPES
     decoder_layers: int = 2  # layers between the lookup's issue and its use
     context_len: int = 4096  # KV-cache positions per sequence
+    # the served step (kind == "serve"): a model preset (ple_bench.serving.models.MODELS), its KV dtype,
+    # the share of HBM a server budgets, and the share of the placement's largest batch that is run
+    model: str = "qwen3-8b"
+    kv_dtype: str = "bf16"
+    gpu_memory_utilization: float = 0.90
+    batch_fraction: float = 1.0
     extra: tuple[tuple[str, Any], ...] = field(default=())  # free-form axes of plug-in backends
 
     @property
@@ -98,10 +111,13 @@ class Case:
         parts = [self.kind, _short(self.impl)]
         if self.kernel:
             parts.append(self.kernel)
-        parts += [
-            f"v{self.vocab_size}", f"d{self.dim}", self.dtype, f"h{self.num_heads}",
-            f"t{self.num_tokens}",
-        ]
+        parts += [f"v{self.vocab_size}", f"d{self.dim}", self.dtype, f"h{self.num_heads}"]
+        if self.kind == "serve":  # the batch is the capacity rule's, not an axis
+            parts.append(f"{self.model}-ctx{self.context_len}-kv{self.kv_dtype}-b{self.batch_fraction:g}")
+            if self.gpu_memory_utilization != 0.90:
+                parts.append(f"gmu{self.gpu_memory_utilization:g}")
+        else:
+            parts.append(f"t{self.num_tokens}")
         if self.world_size > 1 or self.etp > 1:
             parts.append(f"tp{self.tp}etp{self.etp}dp{self.dp}")
         if self.prefetch:

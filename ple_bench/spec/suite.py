@@ -38,7 +38,8 @@ A suite is a TOML file ``suites/<name>.toml``::
 Axes are exactly the fields of :class:`ple_bench.spec.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
 seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
-gather_threads, host_alloc, compute, decoder_shape, decoder_layers, context_len), plus
+gather_threads, host_alloc, compute, decoder_shape, decoder_layers, context_len, model, kv_dtype,
+gpu_memory_utilization, batch_fraction), plus
 ``table_bytes`` (an integer or a size string such as ``"64MiB"``/``"32GiB"``;
 a group gives either ``vocab_size`` or ``table_bytes``) and ``extra.<key>`` (free
 axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
@@ -92,6 +93,16 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   case with ``compute_us`` > 0 is an error (filter it with ``exclude``); its
   ``hidden`` is the shape's (giving another is an error).  Matmul cases reset the
   decoder axes to their defaults.
+* ``kind = "serve"``: a model's whole decode step (:mod:`ple_bench.run.serve`) at
+  ``round(max batch x batch_fraction)`` sequences of ``context_len`` tokens, the
+  max batch from the capacity rule (:mod:`ple_bench.serving.capacity`) for the
+  placement the ``impl`` gives (``device``: the table in HBM; ``pinned_host_flag``:
+  in pinned host memory) with ``gpu_memory_utilization`` (default 0.90) of the
+  GPU; ``model`` is a preset ("qwen3-8b", "qwen3-32b", "tiny"), ``kv_dtype``
+  "bf16" or "fp8" (fp8 is skipped with the capacity rule's prediction: no kernel
+  reads it).  The axes the step sets itself (``num_tokens``, ``graph``,
+  ``prefetch``, ``ids_on``, the compute axes) are reset on serve cases; the serve
+  axes are reset on other kinds.
 * For ``kind = "lookup"`` the step-only axes (``compute_us``, ``hidden``, and
   the compute axes) are reset to their defaults (so a mixed group does not repeat a lookup per compute
   time); cases that become equal, within or across groups, are kept once.
@@ -125,7 +136,7 @@ from ..compute import DECODER_SHAPES
 from ..parallel import Topology, TopologyError
 from ..units import DTYPE_BYTES, BadValue
 from .axes import AXES, PRODUCT_ORDER, PSEUDO_AXES, STEP_ONLY_AXES, TIMING, extra_value
-from .case import DECODER_AXES, Case, with_baselines
+from .case import DECODER_AXES, SERVE_AXES, SERVE_DERIVED_AXES, Case, with_baselines
 from .constraints import Constraint, brief
 from .expand import expand
 
@@ -439,10 +450,17 @@ class _SuiteParser:
                 raise self.fail(where, f"key 'table_bytes': {table_bytes} bytes is less than one row "
                                        f"({row_bytes} bytes for dim={dim} {dtype})")
             axes["vocab_size"] = vocab
-        if axes.get("kind", defaults.kind) == "lookup":
+        kind = axes.get("kind", defaults.kind)
+        if kind != "serve":
+            for key in SERVE_AXES:
+                axes.pop(key, None)
+        if kind == "lookup":
             for key in STEP_ONLY_AXES:
                 axes.pop(key, None)
-        if axes.get("compute", defaults.compute) == "decoder":
+        if kind == "serve":  # the batch is the capacity rule's, the path the placement's
+            for key in SERVE_DERIVED_AXES:
+                axes.pop(key, None)
+        elif axes.get("compute", defaults.compute) == "decoder":
             shape = DECODER_SHAPES[axes.get("decoder_shape", defaults.decoder_shape)]
             axes.setdefault("hidden", shape.hidden)  # the shape's; another given is refused in _validate
         else:
