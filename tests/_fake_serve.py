@@ -13,7 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ple_bench.serving.capacity import capacity
+from ple_bench.advise.serving import ServingAsk, served_capacity
+from ple_bench.run.serve import serve_batch
 from ple_bench.serving.models import get_model
 from tests._fake_runs import gpu_meta, stats_fields, write_run
 
@@ -36,26 +37,28 @@ def serve_records(*, model: str = "qwen3-8b", contexts: Iterable[int] = (2048, 8
                   fixed_ms: float = 0.3, rate_gbps: float = 4000.0, host_extra_ms: float = 0.01,
                   noise: float = 0.0, mode: str = "gpu", seed: int = 0,
                   steps: dict[tuple[str, int, int], float] | None = None) -> list[dict[str, Any]]:
-    """Serve records at the suite's fractions of each placement's largest batch; ``steps`` overrides
-    the step time of (placement, context, batch)."""
+    """Serve records at the suite's fractions of each placement's largest batch, as the serve executor
+    writes them (``tokens_per_s`` and ``tpot_ms`` are derived by ``record.derive`` when written:
+    :func:`write_serve_run`); ``steps`` overrides the step time of (placement, context, batch)."""
     rng = np.random.default_rng(seed)
     m = get_model(model)
     out = []
     for ctx in contexts:
         for placement in placements:
-            cap = capacity(m, placement=placement, context_len=ctx, kv_dtype=kv_dtype, hbm_bytes=hbm_bytes,
-                           table_bytes=table_bytes)
+            ask = ServingAsk(m, ctx, kv_dtype, table_bytes, dim, dtype, heads)
+            cap = served_capacity(ask, placement, hbm_bytes, None)  # the serving suite's rule
             base = {"kind": "serve", "placement": placement, "model": model, "context_len": ctx,
                     "kv_dtype": kv_dtype, "gpu_memory_utilization": 0.90, "max_batch": cap.max_batch,
                     "impl": "pinned_host_flag" if placement == "host" else "device", "table_bytes": table_bytes,
                     "dim": dim, "dtype": dtype, "num_heads": heads, "mode": mode, "timer": "cuda_event",
-                    "kv_source": "measured", "etp": 1}
+                    "kv_source": "measured", "etp": 1, "hbm_bytes_total": hbm_bytes,
+                    "capacity_rule": cap.explain()}
             if cap.max_batch < 1:
                 out.append({**base, "case_id": f"serve-{model}-{placement}-c{ctx}", "status": "skipped",
                             "reason": f"no sequence fits: {cap.explain()}"})
                 continue
             for frac in FRACTIONS:
-                batch = max(1, int(cap.max_batch * frac))
+                batch = serve_batch(cap, frac)
                 step = (steps or {}).get((placement, ctx, batch))
                 if step is None:
                     step = law_step_ms(model, batch, ctx, kv_dtype, fixed_ms=fixed_ms, rate_gbps=rate_gbps,
@@ -64,9 +67,7 @@ def serve_records(*, model: str = "qwen3-8b", contexts: Iterable[int] = (2048, 8
                 samples = [step * (1 + 0.002 * (i % 5 - 2)) for i in range(20)]
                 rec = {**base, "case_id": f"serve-{model}-{placement}-c{ctx}-f{frac:g}", "status": "ok",
                        "reason": "", "serve_batch": batch, "batch_fraction": frac, **stats_fields(samples)}
-                rec.update(step_ms=rec["median_ms"], tpot_ms=rec["median_ms"],
-                           tokens_per_s=batch / (rec["median_ms"] / 1e3),
-                           kv_bytes=batch * m.kv_bytes_per_seq(ctx, kv_dtype))
+                rec.update(step_ms=rec["median_ms"], kv_bytes=batch * m.kv_bytes_per_seq(ctx, kv_dtype))
                 out.append(rec)
     return out
 

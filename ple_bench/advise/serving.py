@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 from ..record import num
 from ..report.verdict import stable
+from ..run.serve import serve_batch
 from ..serving.capacity import Capacity, capacity
 from ..serving.models import ModelPreset
 from ..serving.slo import (
@@ -365,9 +366,13 @@ def _same_shape(r: dict[str, Any], ask: ServingAsk) -> bool:
             and int(num(r.get("etp")) or 1) == 1)
 
 
-def run_hbm_bytes(metas: Sequence[dict[str, Any]]) -> int | None:
-    """The HBM of the GPU the runs measured (meta.json ``device.memory_bytes``; the largest)."""
-    vals = [num((m.get("device") or {}).get("memory_bytes")) for m in metas if isinstance(m.get("device"), dict)]
+def run_hbm_bytes(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]]) -> int | None:
+    """The HBM of the GPU the runs measured: the serve records' ``hbm_bytes_total`` (what their
+    capacity rule started from), else meta.json ``device.memory_bytes``; the largest."""
+    vals = [num(r.get("hbm_bytes_total")) for r in records if r.get("kind") == "serve"
+            and _s(r.get("mode")) != "functional"]
+    vals = [v for v in vals if v] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
+                                      if isinstance(m.get("device"), dict)]
     vals = [v for v in vals if v]
     return int(max(vals)) if vals else None
 
@@ -380,39 +385,40 @@ def run_host_bytes(metas: Sequence[dict[str, Any]]) -> int | None:
     return int(min(vals)) if vals else None
 
 
-def staging_bytes(cap_batch: int, heads: int, row_bytes: int) -> int:
-    """The host placement's staging buffers: :data:`STAGING_COPIES` copies of one step's rows at
-    ``cap_batch`` sequences (one token each)."""
-    return STAGING_COPIES * cap_batch * heads * row_bytes
+def served_capacity(ask: "ServingAsk", placement: str, hbm_bytes: int, host_bytes: int | None,
+                    element_bytes: int = 2) -> Capacity:
+    """The capacity rule as the serving suite applies it (:func:`ple_bench.run.serve.serve_capacity`,
+    which needs a device: the same terms here for any HBM): the weights at the activation dtype plus
+    the PLE projection (heads x dim x hidden), the table (hbm) or :data:`STAGING_COPIES` copies of one
+    step's rows at the batch the rule gives without them (host)."""
+    model = ask.model
+    weights = model.weight_bytes(element_bytes) + ask.heads * ask.dim * model.hidden * element_bytes
+    kw = dict(placement=placement, context_len=ask.context_len, kv_dtype=ask.kv_dtype, hbm_bytes=hbm_bytes,
+              table_bytes=ask.table_bytes, etp=ask.etp, gpu_memory_utilization=ask.gpu_memory_utilization,
+              weight_bytes=weights, host_bytes=host_bytes)
+    if placement == "host":
+        bound = capacity(model, **kw).max_batch
+        kw["staging_bytes"] = STAGING_COPIES * bound * ask.heads * ask.dim * DTYPE_BYTES[ask.dtype]
+    return capacity(model, **kw)
 
 
 def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]],
                    models: dict[str, ModelPreset]) -> ServingAdvice:
     """The serving answer for ``ask`` from the runs' records (see the module's doc)."""
     notes: list[str] = []
-    measured_hbm = run_hbm_bytes(metas)
+    measured_hbm = run_hbm_bytes(records, metas)
     hbm = ask.hbm_bytes or measured_hbm
     if hbm is None:
         raise ServingAdviseError("--hbm-bytes: the runs name no GPU memory (meta.json device.memory_bytes); "
                                  "give the GPU's HBM, e.g. --hbm-bytes 80GB")
-    row_bytes = ask.dim * DTYPE_BYTES[ask.dtype]
     host_bytes = ask.host_bytes or run_host_bytes(metas)
     if host_bytes is None:
         notes.append("host memory unknown (no --host-bytes, no device.host_memory_bytes in the runs): "
                      "the table is assumed to fit it")
     elif ask.host_bytes is None:
         notes.append(f"host memory: {host_bytes / GIB:.1f} GiB, the runs' machine (--host-bytes for another)")
-    caps: dict[str, Capacity] = {}
-    for placement in PLACEMENTS:
-        kw = dict(placement=placement, context_len=ask.context_len, kv_dtype=ask.kv_dtype, hbm_bytes=hbm,
-                  table_bytes=ask.table_bytes, etp=ask.etp, gpu_memory_utilization=ask.gpu_memory_utilization,
-                  host_bytes=host_bytes)
-        if placement == "host":  # the staging buffers hold one step's rows: sized at the batch without them
-            first = capacity(ask.model, staging_bytes=0, **kw)
-            caps[placement] = capacity(ask.model, staging_bytes=staging_bytes(first.max_batch, ask.heads, row_bytes),
-                                       **kw)
-        else:
-            caps[placement] = capacity(ask.model, **kw)
+    caps = {placement: served_capacity(ask, placement, hbm, host_bytes) for placement in PLACEMENTS}
+
     same_gpu = ask.hbm_bytes is None or (measured_hbm is not None and abs(hbm - measured_hbm) <= 0.01 * hbm)
     mine = [r for r in records if _same_shape(r, ask)] if same_gpu and ask.etp == 1 else []
     step_model = build_step_model(records, metas, ask.model, models)
@@ -438,7 +444,7 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
                 notes.append(f"{measured.name}: the run measured up to {top.serve_batch} sequences; the capacity "
                              f"rule gives {cap.max_batch} here")
             continue
-        batches = sorted({max(1, int(cap.max_batch * f)) for f in FRACTIONS})
+        batches = sorted({serve_batch(cap, f) for f in FRACTIONS})
         pts = tuple(ServePoint(b, step_model.step_ms(bytes_read(ask.model, b, ask.context_len, ask.kv_dtype), placement),
                                "predicted", batch_fraction=b / cap.max_batch) for b in batches)
         curves[placement] = Placement(placement, pts, cap.max_batch)
