@@ -282,3 +282,15 @@ def test_the_report_has_no_serving_section_without_serve_records(tmp_path):
     assert 'id="serving"' not in html and 'id="plot-serving"' not in html and 'id="verdict"' in html
     write_summaries(run)
     assert "What the placement buys" not in (run / "summary.md").read_text()
+
+
+def test_advise_model_on_a_functional_run_answers_without_a_verdict(tmp_path, capsys):
+    run = write_serve_run(tmp_path, model="tiny", mode="functional", hbm_bytes=2 << 20, contexts=(64, 256),
+                          table_bytes=512 << 10, heads=4, hbm_read_gbps=None)
+    assert main(["advise", "--model", "tiny", "--context", "64", "--table-bytes", "512KiB", "--dim", "160",
+                 "--dtype", "fp8", "--heads", "4", "--runs", str(run), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] is None and out["ratio_at_max"] is None  # no verdict, no ratio
+    assert "no serving verdict" in out["answer"]
+    assert {pl["source"] for pl in out["placements"].values()} == {"measured"}
+    assert out["step_model"] is None  # nothing but functional records: no model, every row measured

@@ -49,7 +49,7 @@ from ..serving.models import ModelPreset
 from ..serving.slo import (
     PLACEMENT_NAMES as PLACE, PLACEMENTS, Placement, Scenario, ServePoint, ServingAnswer, answer_for, placement_of,
 )
-from ..units import DTYPE_BYTES
+from ..units import DTYPE_BYTES, format_bytes
 from .model import bounded_fit
 
 GIB = 1 << 30
@@ -314,7 +314,7 @@ class ServingAdvice:
     answer: ServingAnswer
     capacities: dict[str, Capacity]
     sources: dict[str, str]  # placement -> measured | predicted | does not fit
-    step_model: StepModel
+    step_model: StepModel | None
     holdout: tuple[HoldOut, HoldOut]
     hbm_bytes: int
     notes: list[str] = field(default_factory=list)
@@ -322,7 +322,8 @@ class ServingAdvice:
     def to_json(self) -> dict[str, Any]:
         a = self.answer
         out: dict[str, Any] = {"answer": a.sentence(), "verdict": a.verdict, "verdict_at_target": a.verdict_at_target,
-                               "ratio_at_max": a.at_max.ratio, "ratio_at_target": a.at_target.ratio,
+                               "ratio_at_max": None if a.functional else a.at_max.ratio,
+                               "ratio_at_target": None if a.functional else a.at_target.ratio,
                                "tpot_target_ms": a.tpot_ms, "hbm_bytes": self.hbm_bytes,
                                "scenario": {"model": a.scenario.model, "context_len": a.scenario.context_len,
                                             "kv_dtype": a.scenario.kv_dtype, "table_bytes": a.scenario.table_bytes},
@@ -347,7 +348,7 @@ class ServingAdvice:
                            for p in pl.points],
                 "engine_setting": ENGINE_SETTING[pl.placement]}
         out["engine_setting_source"] = ENGINE_SETTING_SOURCE
-        out["step_model"] = self.step_model.to_json()
+        out["step_model"] = self.step_model.to_json() if self.step_model else None
         out["holdout"] = {"leave_one_batch_out": self.holdout[0].to_json(),
                           "leave_one_context_out": self.holdout[1].to_json()}
         out["notes"] = self.notes
@@ -369,9 +370,9 @@ def _same_shape(r: dict[str, Any], ask: ServingAsk) -> bool:
 def run_hbm_bytes(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]]) -> int | None:
     """The HBM of the GPU the runs measured: the serve records' ``hbm_bytes_total`` (what their
     capacity rule started from), else meta.json ``device.memory_bytes``; the largest."""
-    vals = [num(r.get("hbm_bytes_total")) for r in records if r.get("kind") == "serve"
-            and _s(r.get("mode")) != "functional"]
-    vals = [v for v in vals if v] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
+    serve = [r for r in records if r.get("kind") == "serve" and num(r.get("hbm_bytes_total"))]
+    gpu = [r for r in serve if _s(r.get("mode")) != "functional"]
+    vals = [num(r.get("hbm_bytes_total")) for r in (gpu or serve)] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
                                       if isinstance(m.get("device"), dict)]
     vals = [v for v in vals if v]
     return int(max(vals)) if vals else None
@@ -417,15 +418,21 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
                      "the table is assumed to fit it")
     elif ask.host_bytes is None:
         notes.append(f"host memory: {host_bytes / GIB:.1f} GiB, the runs' machine (--host-bytes for another)")
-    caps = {placement: served_capacity(ask, placement, hbm, host_bytes) for placement in PLACEMENTS}
-
     same_gpu = ask.hbm_bytes is None or (measured_hbm is not None and abs(hbm - measured_hbm) <= 0.01 * hbm)
     mine = [r for r in records if _same_shape(r, ask)] if same_gpu and ask.etp == 1 else []
-    step_model = build_step_model(records, metas, ask.model, models)
+    functional = any(_s(r.get("mode")) == "functional" for r in mine)
+    element = 4 if functional else 2  # the serve step's activation dtype: fp32 on a CPU, bf16 on a GPU
+    caps = {placement: served_capacity(ask, placement, hbm, host_bytes, element) for placement in PLACEMENTS}
+    try:
+        step_model: StepModel | None = build_step_model(records, metas, ask.model, models)
+    except ServingAdviseError:
+        if not mine:
+            raise
+        step_model = None  # every row must then be measured (below)
     samples = serve_samples(records, models)
     own = [s for s in samples if s.model == ask.model.name]
-    holdout = holdout_errors(own if len({s.nbytes for s in own}) >= 3 else samples, step_model.floor_gbps,
-                             exposed_lookup_ms(records))
+    holdout = holdout_errors(own if len({s.nbytes for s in own}) >= 3 else samples,
+                             step_model.floor_gbps if step_model else None, exposed_lookup_ms(records))
 
     curves: dict[str, Placement] = {}
     sources: dict[str, str] = {}
@@ -444,6 +451,9 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
                 notes.append(f"{measured.name}: the run measured up to {top.serve_batch} sequences; the capacity "
                              f"rule gives {cap.max_batch} here")
             continue
+        if step_model is None:
+            raise ServingAdviseError(f"--runs: {PLACE[placement]} was not measured for this ask and nothing in the "
+                                     "runs predicts it (no GPU serve records, decoder steps or hbm_read ceiling)")
         batches = sorted({serve_batch(cap, f) for f in FRACTIONS})
         pts = tuple(ServePoint(b, step_model.step_ms(bytes_read(ask.model, b, ask.context_len, ask.kv_dtype), placement),
                                "predicted", batch_fraction=b / cap.max_batch) for b in batches)
@@ -456,14 +466,16 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
         notes.append(f"ETP {ask.etp}: the resident table term is table/{ask.etp}; measured serve records are of "
                      "ETP 1, so every row is predicted")
     scenario = Scenario(ask.model.name, ask.context_len, ask.kv_dtype, ask.table_bytes)
-    answer = answer_for(scenario, curves["host"], curves["hbm"], ask.tpot_ms)
+    if functional:
+        notes.append("the measured rows are of a CPU functional run: they check the code paths, no verdict")
+    answer = answer_for(scenario, curves["host"], curves["hbm"], ask.tpot_ms, functional=functional)
     return ServingAdvice(answer, caps, sources, step_model, holdout, hbm, notes)
 
 
 def format_serving_text(a: ServingAdvice) -> str:
     ans = a.answer
     lines = [ans.sentence(), "",
-             f"{ans.scenario.label}; {a.hbm_bytes / GIB:.1f} GiB of HBM; TPOT target {ans.tpot_ms:g} ms",
+             f"{ans.scenario.label}; {format_bytes(a.hbm_bytes)} of HBM; TPOT target {ans.tpot_ms:g} ms",
              f"  {'':<36} {'host':>16} {'HBM':>16} {'host/HBM':>9}"]
     for label, host, hbm, ratio in ans.table():
         lines.append(f"  {label:<36} {host:>16} {hbm:>16} {ratio:>9}")
@@ -478,7 +490,8 @@ def format_serving_text(a: ServingAdvice) -> str:
         for p in pl.points:
             lines.append(f"  {pl.name:<4} {p.serve_batch:>6} {p.step_ms:>10.3f} {p.tokens_per_s:>12,.0f}  {p.source}"
                          + (f" ({p.case_id})" if p.case_id else ""))
-    lines += ["", "step model: " + a.step_model.words(),
+    lines += ["", "step model: " + (a.step_model.words() if a.step_model else "none (every row is measured; nothing "
+                                                                             "in the runs fits one)"),
               "its error on measured serving cases it did not see: " + "; ".join(h.words() for h in a.holdout),
               "", "the serving-engine setting that realises each placement:",
               f"  host: {ENGINE_SETTING['host']}", f"  HBM:  {ENGINE_SETTING['hbm']}",

@@ -18,6 +18,7 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
+from ..units import format_bytes
 from ..serving.slo import ServingAnswer, context_words, serving_verdict
 from .data import BadRunError, Run, load_run
 from .plots import FUNCTIONAL_NOTE, KEY_HEIGHT_IN, MARKERS, PLOT_DPI, WIDTH_IN, Plot, figure_uri
@@ -34,7 +35,7 @@ def _scenario_label(a: ServingAnswer, answers: Sequence[ServingAnswer]) -> str:
     if len({x.scenario.model for x in answers}) > 1:
         parts.insert(0, a.scenario.model)
     if len({x.scenario.table_bytes for x in answers}) > 1 and a.scenario.table_bytes:
-        parts.append(f"{a.scenario.table_bytes / 2**30:.1f} GiB table")
+        parts.append(f"{format_bytes(a.scenario.table_bytes)} table")
     return ", ".join(parts)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..record import num
+from ..units import format_bytes
 
 #: a host/HBM ratio within this (in %) of 1 counts as "equal" (the lookup verdict's threshold too:
 #: :mod:`ple_bench.report.verdict` reads it here)
@@ -74,7 +75,7 @@ class Scenario:
 
     @property
     def label(self) -> str:
-        table = "" if not self.table_bytes else f", {self.table_bytes / 2**30:.1f} GiB table"
+        table = "" if not self.table_bytes else f", {format_bytes(self.table_bytes)} table"
         return f"{self.model}, {context_words(self.context_len)} context, {self.kv_dtype} KV{table}"
 
 
@@ -198,14 +199,15 @@ class ServingAnswer:
     def table(self) -> list[tuple[str, str, str, str]]:
         """(figure, host, HBM, host/HBM) rows: the HBM figure beside each host figure."""
         rows: list[tuple[str, str, str, str]] = []
+        ratio = (lambda r: "") if self.functional else _ratio  # no verdict: no ratio
         for label, cmp in (("at the largest batch", self.at_max), (f"under {_ms(self.tpot_ms)} ms TPOT", self.at_target)):
             h, b = cmp.host, cmp.hbm
             rows.append((f"sequences {label}", _batch_cell(h), _batch_cell(b),
-                         _ratio(h.serve_batch / b.serve_batch) if h and b else ""))
+                         ratio(h.serve_batch / b.serve_batch) if h and b else ""))
             rows.append((f"tokens/s {label}", _tok(h.tokens_per_s) if h else "–", _tok(b.tokens_per_s) if b else "–",
-                         _ratio(cmp.ratio) if cmp.ratio is not None else ""))
+                         ratio(cmp.ratio) if cmp.ratio is not None else ""))
             rows.append((f"TPOT ms {label}", _ms(h.tpot_ms) if h else "–", _ms(b.tpot_ms) if b else "–",
-                         _ratio(h.tpot_ms / b.tpot_ms) if h and b else ""))
+                         ratio(h.tpot_ms / b.tpot_ms) if h and b else ""))
         return rows
 
     def summary_cells(self) -> list[str]:
@@ -215,9 +217,10 @@ class ServingAnswer:
 
         def cells(cmp: Comparison) -> list[str]:
             h, b = cmp.host, cmp.hbm
+            ratio = "–" if cmp.ratio is None or self.functional else _ratio(cmp.ratio)  # no verdict: no ratio
             return [_batch_cell(h), _batch_cell(b), _tok(h.tokens_per_s) if h else "–",
                     _tok(b.tokens_per_s) if b else "–", _ms(h.tpot_ms) if h else "–", _ms(b.tpot_ms) if b else "–",
-                    _ratio(cmp.ratio) if cmp.ratio is not None else "–"]
+                    ratio]
 
         verdict = "no verdict (functional)" if self.functional else (
             f"{_verdict_words(m, short=True)} / {_verdict_words(t, short=True)}")
@@ -235,7 +238,8 @@ class ServingAnswer:
                                               "at_max": point(pl.at_max), "at_target": point(pl.under(self.tpot_ms)),
                                               "points": [point(p) for p in sorted(pl.points, key=lambda p: p.serve_batch)]}
                                for pl in (self.host, self.hbm)},
-                "ratio_at_max": self.at_max.ratio, "ratio_at_target": self.at_target.ratio,
+                "ratio_at_max": None if self.functional else self.at_max.ratio,
+                "ratio_at_target": None if self.functional else self.at_target.ratio,
                 "verdict": self.verdict, "verdict_at_target": self.verdict_at_target,
                 "answer": self.sentence()}
 
