@@ -508,6 +508,9 @@ def run_model_advise(args: argparse.Namespace) -> int:
         if args.rows is not None and args.rows < 1:
             raise AdviseError(f"--rows: the table must have at least one row, got {args.rows}")
         table = _size("table-bytes", args.table_bytes) if args.table_bytes else args.rows * args.dim * DTYPE_BYTES[args.dtype]
+        if args.html:
+            raise AdviseError("--html: the serving answer (--model) has no page of its own yet; the run's report "
+                              "leads with it (python -m ple_bench report RUN_DIR)")
         if not args.runs:
             raise AdviseError("--runs: --model answers from stored runs (a serving run measures it: python -m "
                               "ple_bench run --suite serving; a decoder run or any run with ceilings predicts it)")
