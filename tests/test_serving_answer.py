@@ -294,3 +294,18 @@ def test_advise_model_on_a_functional_run_answers_without_a_verdict(tmp_path, ca
     assert "no serving verdict" in out["answer"]
     assert {pl["source"] for pl in out["placements"].values()} == {"measured"}
     assert out["step_model"] is None  # nothing but functional records: no model, every row measured
+
+
+def test_the_serving_plot_needs_two_batches_of_a_placement(tmp_path):
+    from ple_bench.report.data import load_run
+    from ple_bench.report.plots_serving import main as plot_main
+    from ple_bench.report.plots_serving import plot_serving
+
+    one = [r for r in serve_records(contexts=(2048,)) if r.get("batch_fraction") in (None, 1.0)]
+    assert plot_serving(load_run(write_serve_run(tmp_path / "one", records=one))) is None
+    run = write_serve_run(tmp_path / "all", contexts=(2048,))
+    plot = plot_serving(load_run(run), tpot_ms=20.0)
+    assert plot is not None and plot.key == "serving" and plot.data_uri.startswith("data:image/png;base64,")
+    assert plot.legend_entries == 4  # host, HBM, the stars under the target, the target line
+    assert plot_main([str(run), "--out", str(tmp_path / "s.png")]) == 0
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
