@@ -309,3 +309,15 @@ def test_the_serving_plot_needs_two_batches_of_a_placement(tmp_path):
     assert plot.legend_entries == 4  # host, HBM, the stars under the target, the target line
     assert plot_main([str(run), "--out", str(tmp_path / "s.png")]) == 0
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_placement_measured_alone_lends_the_other_only_its_lookup_difference(tmp_path, capsys):
+    hbm_only = write_serve_run(tmp_path / "serve", placements=("hbm",))
+    steps = write_decoder_run(tmp_path / "steps", exposed={"device": 0.004, "pinned_host_flag": 0.254})
+    out = advise_json(capsys, "--runs", str(hbm_only), str(steps))
+    assert out["placements"]["hbm"]["source"] == "measured"
+    host = out["placements"]["host"]
+    assert host["source"] == "predicted"
+    assert out["step_model"]["exposed_ms"] == {"host": pytest.approx(0.25), "hbm": 0.0}
+    assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, extra_ms=0.25),
+                                            rel=1e-3)

@@ -162,7 +162,13 @@ def fit_samples(samples: Sequence[Sample], floor_gbps: float | None,
     both = {s.placement for s in samples} >= {"host", "hbm"}
     X = [[1.0, s.nbytes] + ([1.0 if s.placement == "host" else 0.0] if both else []) for s in samples]
     coef = bounded_fit(X, [s.step_ms for s in samples], free=(2,) if both else ())
-    ex = {"hbm": 0.0, "host": coef[2]} if both else dict(exposed or {})
+    if both:
+        ex = {"hbm": 0.0, "host": coef[2]}
+    else:  # the measured placement's lookup is in the fit: the other's is its difference from it
+        only = samples[0].placement
+        base = (exposed or {}).get(only, 0.0)
+        ex = {k: v - base for k, v in (exposed or {}).items() if k != only}
+        ex[only] = 0.0
     return StepModel(coef[0], coef[1], ex, floor_gbps,
                      f"fitted on {len(samples)} measured serve steps" + (" (host's extra cost fitted beside)"
                                                                          if both else ""), len(samples))
