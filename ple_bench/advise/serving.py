@@ -478,10 +478,15 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
     return ServingAdvice(answer, caps, sources, step_model, holdout, hbm, notes)
 
 
+def _hbm_words(n: int) -> str:
+    """HBM as the capacity rule prints it (139.8 GiB), small pretend HBM as format_bytes does."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB else format_bytes(n)
+
+
 def format_serving_text(a: ServingAdvice) -> str:
     ans = a.answer
     lines = [ans.sentence(), "",
-             f"{ans.scenario.label}; {format_bytes(a.hbm_bytes)} of HBM; TPOT target {ans.tpot_ms:g} ms",
+             f"{ans.scenario.label}; {_hbm_words(a.hbm_bytes)} of HBM; TPOT target {ans.tpot_ms:g} ms",
              f"  {'':<36} {'host':>16} {'HBM':>16} {'host/HBM':>9}"]
     for label, host, hbm, ratio in ans.table():
         lines.append(f"  {label:<36} {host:>16} {hbm:>16} {ratio:>9}")
