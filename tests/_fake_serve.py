@@ -25,16 +25,17 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 
 def law_step_ms(model_name: str, batch: int, context: int, kv_dtype: str = "bf16", *, fixed_ms: float = 0.3,
-                rate_gbps: float = 4000.0, extra_ms: float = 0.0) -> float:
+                rate_gbps: float = 4000.0, extra_ms: float = 0.0, per_seq_ms: float = 0.0) -> float:
     m = get_model(model_name)
     nbytes = m.weight_bytes() + batch * context * m.kv_bytes_per_token(kv_dtype)
-    return fixed_ms + nbytes / (rate_gbps * 1e6) + extra_ms
+    return fixed_ms + nbytes / (rate_gbps * 1e6) + batch * per_seq_ms + extra_ms
 
 
 def serve_records(*, model: str = "qwen3-8b", contexts: Iterable[int] = (2048, 8192, 32768),
                   placements: Iterable[str] = ("host", "hbm"), kv_dtype: str = "bf16", hbm_bytes: int = H200_BYTES,
                   table_bytes: int = TABLE_47_7, dim: int = 160, dtype: str = "fp8", heads: int = 16,
                   fixed_ms: float = 0.3, rate_gbps: float = 4000.0, host_extra_ms: float = 0.01,
+                  per_seq_ms: float = 0.0,
                   noise: float = 0.0, mode: str = "gpu", seed: int = 0,
                   steps: dict[tuple[str, int, int], float] | None = None) -> list[dict[str, Any]]:
     """Serve records at the suite's fractions of each placement's largest batch, as the serve executor
@@ -62,7 +63,7 @@ def serve_records(*, model: str = "qwen3-8b", contexts: Iterable[int] = (2048, 8
                 step = (steps or {}).get((placement, ctx, batch))
                 if step is None:
                     step = law_step_ms(model, batch, ctx, kv_dtype, fixed_ms=fixed_ms, rate_gbps=rate_gbps,
-                                       extra_ms=host_extra_ms if placement == "host" else 0.0)
+                                       extra_ms=host_extra_ms if placement == "host" else 0.0, per_seq_ms=per_seq_ms)
                     step *= float(rng.normal(1.0, noise)) if noise else 1.0
                 samples = [step * (1 + 0.002 * (i % 5 - 2)) for i in range(20)]
                 rec = {**base, "case_id": f"serve-{model}-{placement}-c{ctx}-f{frac:g}", "status": "ok",

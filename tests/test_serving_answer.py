@@ -321,3 +321,13 @@ def test_a_placement_measured_alone_lends_the_other_only_its_lookup_difference(t
     assert out["step_model"]["exposed_ms"] == {"host": pytest.approx(0.25), "hbm": 0.0}
     assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, extra_ms=0.25),
                                             rel=1e-3)
+
+
+def test_the_step_model_finds_a_per_sequence_cost_beside_the_bytes(tmp_path, capsys):
+    run = write_serve_run(tmp_path, per_seq_ms=0.012, fixed_ms=2.5)  # the matmuls' compute grows with the batch
+    out = advise_json(capsys, "--runs", str(run), "--hbm-bytes", "180GB")
+    assert out["step_model"]["per_seq_ms"] == pytest.approx(0.012, rel=1e-3)
+    assert out["step_model"]["hbm_read_rate_gbps"] == pytest.approx(4000.0, rel=1e-3)
+    host = out["placements"]["host"]
+    assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, fixed_ms=2.5,
+                                                        extra_ms=0.01, per_seq_ms=0.012), rel=1e-3)

@@ -91,7 +91,8 @@ def bytes_read(model: ModelPreset, batch: float, context_len: int, kv_dtype: str
 
 @dataclass
 class StepModel:
-    """``step(batch) = fixed + bytes / rate + exposed[placement]``, floored at bytes / ceiling."""
+    """``step(batch) = fixed + bytes / rate + batch × per_seq + exposed[placement]``, floored at
+    bytes / ceiling."""
 
     fixed_ms: float
     ms_per_byte: float  # 1 / the effective HBM read rate
@@ -99,13 +100,15 @@ class StepModel:
     floor_gbps: float | None
     source: str  # how it was fitted, in words
     n_fitted: int = 0
+    per_seq_ms: float = 0.0  # what each sequence costs beyond its KV bytes (its share of the matmuls' compute)
 
     @property
     def rate_gbps(self) -> float | None:
         return None if self.ms_per_byte <= 0 else 1.0 / (self.ms_per_byte * 1e6)
 
-    def step_ms(self, nbytes: float, placement: str) -> float:
-        step = self.fixed_ms + nbytes * self.ms_per_byte + self.exposed_ms.get(placement, 0.0)
+    def step_ms(self, nbytes: float, placement: str, batch: float = 0.0) -> float:
+        step = (self.fixed_ms + nbytes * self.ms_per_byte + batch * self.per_seq_ms
+                + self.exposed_ms.get(placement, 0.0))
         if self.floor_gbps:
             step = max(step, nbytes / (self.floor_gbps * 1e6))
         return step
@@ -116,10 +119,12 @@ class StepModel:
         floor = (f"; never below the bytes at the hbm_read ceiling ({self.floor_gbps:,.0f} GB/s)"
                  if self.floor_gbps else "; no hbm_read ceiling in the runs: no floor")
         return (f"step(batch) = {self.fixed_ms:.4f} ms + (weights + batch × context × KV bytes per token) / {rate}"
+                + (f" + batch × {self.per_seq_ms * 1e3:.2f} us" if self.per_seq_ms else "")
                 + (f" + exposed lookup ({extra})" if extra else "") + f" -- {self.source}{floor}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"fixed_ms": self.fixed_ms, "hbm_read_rate_gbps": self.rate_gbps, "exposed_ms": self.exposed_ms,
+        return {"fixed_ms": self.fixed_ms, "hbm_read_rate_gbps": self.rate_gbps, "per_seq_ms": self.per_seq_ms,
+                "exposed_ms": self.exposed_ms,
                 "floor_gbps": self.floor_gbps, "source": self.source, "n_fitted": self.n_fitted}
 
 
@@ -160,10 +165,14 @@ def fit_samples(samples: Sequence[Sample], floor_gbps: float | None,
     if len({s.nbytes for s in samples}) < 2:
         return None
     both = {s.placement for s in samples} >= {"host", "hbm"}
-    X = [[1.0, s.nbytes] + ([1.0 if s.placement == "host" else 0.0] if both else []) for s in samples]
-    coef = bounded_fit(X, [s.step_ms for s in samples], free=(2,) if both else ())
+    # a per-sequence term where the samples tell it from the bytes (batch and context both varied)
+    per_seq = len({(s.nbytes, s.serve_batch) for s in samples}) >= 3 and len({s.context_len for s in samples}) > 1
+    X = [[1.0, s.nbytes] + ([float(s.serve_batch)] if per_seq else [])
+         + ([1.0 if s.placement == "host" else 0.0] if both else []) for s in samples]
+    host_col = 3 if per_seq else 2
+    coef = bounded_fit(X, [s.step_ms for s in samples], free=(host_col,) if both else ())
     if both:
-        ex = {"hbm": 0.0, "host": coef[2]}
+        ex = {"hbm": 0.0, "host": coef[host_col]}
     else:  # the measured placement's lookup is in the fit: the other's is its difference from it
         only = samples[0].placement
         base = (exposed or {}).get(only, 0.0)
@@ -171,7 +180,8 @@ def fit_samples(samples: Sequence[Sample], floor_gbps: float | None,
         ex[only] = 0.0
     return StepModel(coef[0], coef[1], ex, floor_gbps,
                      f"fitted on {len(samples)} measured serve steps" + (" (host's extra cost fitted beside)"
-                                                                         if both else ""), len(samples))
+                                                                         if both else ""), len(samples),
+                     coef[2] if per_seq else 0.0)
 
 
 def _decoder_model(records: Sequence[dict[str, Any]], floor_gbps: float | None,
@@ -277,7 +287,7 @@ def _held_out(train: Sequence[Sample], test: Sequence[Sample], floor: float | No
     m = fit_samples(train, floor, exposed)
     if m is None:
         return []
-    return [100.0 * (m.step_ms(s.nbytes, s.placement) / s.step_ms - 1.0) for s in test]
+    return [100.0 * (m.step_ms(s.nbytes, s.placement, s.serve_batch) / s.step_ms - 1.0) for s in test]
 
 
 def holdout_errors(samples: Sequence[Sample], floor: float | None,
@@ -461,8 +471,9 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
             raise ServingAdviseError(f"--runs: {PLACE[placement]} was not measured for this ask and nothing in the "
                                      "runs predicts it (no GPU serve records, decoder steps or hbm_read ceiling)")
         batches = sorted({serve_batch(cap, f) for f in FRACTIONS})
-        pts = tuple(ServePoint(b, step_model.step_ms(bytes_read(ask.model, b, ask.context_len, ask.kv_dtype), placement),
-                               "predicted", batch_fraction=b / cap.max_batch) for b in batches)
+        pts = tuple(ServePoint(b, step_model.step_ms(bytes_read(ask.model, b, ask.context_len, ask.kv_dtype), placement,
+                                                     b), "predicted", batch_fraction=b / cap.max_batch)
+                    for b in batches)
         curves[placement] = Placement(placement, pts, cap.max_batch)
         sources[placement] = "predicted"
     if "predicted" in sources.values() and not same_gpu:
