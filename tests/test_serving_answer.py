@@ -331,3 +331,17 @@ def test_the_step_model_finds_a_per_sequence_cost_beside_the_bytes(tmp_path, cap
     host = out["placements"]["host"]
     assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, fixed_ms=2.5,
                                                         extra_ms=0.01, per_seq_ms=0.012), rel=1e-3)
+
+
+def test_fp8_kv_is_predicted_from_bf16_serve_records_at_half_the_kv_bytes(tmp_path, capsys):
+    run = write_serve_run(tmp_path)
+    bf16 = advise_json(capsys, "--runs", str(run))
+    fp8 = advise_json(capsys, "--runs", str(run), "--kv-dtype", "fp8")
+    assert {pl["source"] for pl in fp8["placements"].values()} == {"predicted"}
+    for p in ("host", "hbm"):
+        assert fp8["placements"][p]["capacity"]["kv_bytes_per_seq"] * 2 == bf16["placements"][p]["capacity"][
+            "kv_bytes_per_seq"]
+        assert fp8["placements"][p]["serve_batch"] > bf16["placements"][p]["serve_batch"]
+    host = fp8["placements"]["host"]
+    assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, "fp8", extra_ms=0.01),
+                                            rel=1e-3)
