@@ -306,7 +306,7 @@ FIELDS: tuple[Field, ...] = (
        "round(max_batch x batch_fraction)"),
     _f("max_batch", "sequences", "serve", "the capacity rule's largest batch for the placement "
        "(ple_bench.serving.capacity: (HBM x gpu_memory_utilization - weights - table term - activations) / KV "
-       "bytes per sequence)"),
+       "bytes per sequence); skipped serve cases carry it too, with placement, serve_batch and capacity_rule"),
     _f("capacity_rule", "", "serve", "the capacity rule with its terms in GiB (Capacity.explain())"),
     _f("hbm_bytes_total", "B", "serve", "the GPU memory the rule starts from (torch's total_memory; a pretend "
        "size in functional mode)"),
@@ -314,8 +314,8 @@ FIELDS: tuple[Field, ...] = (
        "PLE projection)"),
     _f("kv_bytes", "B", "serve", "the KV caches allocated for the batch (every layer's K and V, serve_batch x "
        "context_len positions)"),
-    _f("kv_source", "", "serve", "measured (the step ran over a KV cache of kv_dtype) | predicted (the capacity "
-       "rule's batch only: no kernel reads that KV dtype)"),
+    _f("kv_source", "", "serve", "measured (the step ran over a KV cache of kv_dtype) | predicted (a skipped case "
+       "with the capacity rule's batch only: no kernel reads that KV dtype)"),
     _f("hbm_bytes_used", "B", "serve", "torch's max allocated GPU memory during the case (table, weights, KV, "
        "activations; None in functional mode)"),
     _f("tokens_per_s", "tokens/s", "serve", "serve_batch / step_ms: tokens the batch decodes per second",

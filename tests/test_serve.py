@@ -215,4 +215,10 @@ def test_functional_serving_run_end_to_end(tmp_path):
     assert by["host", 1.0]["ids_on"] == "host" and by["hbm", 1.0]["ids_on"] == "device"
     skipped = {r["context_len"]: r for r in recs if r["status"] == "skipped"}
     assert "no sequence of 100000 tokens fits" in skipped[100000]["reason"]
-    assert "kv_dtype=fp8" in skipped[64]["reason"] and "= " in skipped[64]["reason"]
+    assert "kv_dtype=fp8" in skipped[64]["reason"]
+    # the skipped cases carry the capacity rule's figures; fp8 KV is labelled a prediction
+    fp8, long = skipped[64], skipped[100000]
+    assert fp8["kv_source"] == "predicted" and fp8["placement"] == "hbm" and fp8["tokens_per_s"] is None
+    assert fp8["max_batch"] > by["hbm", 1.0]["max_batch"]  # half the KV bytes per sequence
+    assert fp8["serve_batch"] == fp8["max_batch"] and fp8["capacity_rule"] in fp8["reason"]
+    assert long["max_batch"] == 0 and long["kv_source"] is None

@@ -103,7 +103,7 @@ class CaseDispatcher:
         if status == "ok":
             rec = self._record(case, "ok", "", reply[1])
         elif status != "failed":  # skipped, invalid: the outcome's own status
-            rec = self._record(case, status, reply[1])
+            rec = self._record(case, status, reply[1], reply[3] if len(reply) > 3 else None)
         else:
             rec = self._record(case, "failed", reply[1])
             rec["traceback"] = reply[2] if len(reply) > 2 else ""

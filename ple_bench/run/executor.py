@@ -312,17 +312,18 @@ class CaseExecutor:
             raise SkipCase(str(exc)) from exc
         if topo.world_size > 1:
             raise SkipCase("a served step runs on one rank (tp = etp = dp = 1)")
-        if case.kv_dtype != "bf16":
-            raise SkipCase(f"kv_dtype={case.kv_dtype}: no decode-attention kernel reads a {case.kv_dtype} KV cache "
-                           f"here; the capacity rule's prediction: "
-                           f"{serve_mod.serve_capacity(case, placement, self.device).explain()}")
         cap = serve_mod.serve_capacity(case, placement, self.device)
+        batch = serve_mod.serve_batch(cap, case.batch_fraction)
+        fields = serve_mod.capacity_fields(cap, placement, batch)
+        if case.kv_dtype != "bf16":  # the capacity rule's batch only: labelled a prediction
+            raise SkipCase(f"kv_dtype={case.kv_dtype}: no decode-attention kernel reads a {case.kv_dtype} KV cache "
+                           f"here; the capacity rule's prediction: {cap.explain()}",
+                           fields=dict(fields, kv_source="predicted"))
         if placement == "host" and case.table_bytes > host_memory_bytes():
             raise SkipCase(f"{cap.explain()}: the table ({case.table_bytes / 2**30:.1f} GiB) is larger than the "
-                           f"host memory ({host_memory_bytes() / 2**30:.1f} GiB)")
+                           f"host memory ({host_memory_bytes() / 2**30:.1f} GiB)", fields=fields)
         if cap.max_batch == 0:
-            raise SkipCase(cap.explain())
-        batch = serve_mod.serve_batch(cap, case.batch_fraction)
+            raise SkipCase(cap.explain(), fields=fields)
         # the path's axes follow the placement: the resident one-kernel gather with ids on the device,
         # or the posted flag path with the ids on the host (as a server's scheduler has them)
         run_case = replace(case, num_tokens=batch, ids_on="host" if placement == "host" else "device",
@@ -334,12 +335,12 @@ class CaseExecutor:
             rec = serve_mod.run_serve_case(run_case, backend, id_sets, policy, self.device, cap=cap, batch=batch,
                                            placement=placement, table_seed=self.table.seed)
         except NotImplementedError as exc:
-            raise SkipCase(f"{exc} ({cap.explain()})") from exc
+            raise SkipCase(f"{exc} ({cap.explain()})", fields=fields) from exc
         except torch.OutOfMemoryError as exc:
             gc.collect()  # the step's half-built tensors: the next case's batch needs their memory
             torch.cuda.empty_cache()
             raise SkipCase(f"out of memory at batch {batch}: {' '.join(str(exc).split())[:300]} "
-                           f"({cap.explain()})") from exc
+                           f"({cap.explain()})", fields=fields) from exc
         except step_mod.StepMismatch as exc:
             raise InvalidCase(str(exc)) from exc
         rows = id_sets[0].numel()

@@ -18,6 +18,11 @@ class CaseOutcome(Exception):
 
     status = "failed"
 
+    def __init__(self, message: str = "", fields: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        #: record fields known although nothing was measured (a served step's capacity rule)
+        self.fields: dict[str, Any] = dict(fields or {})
+
 
 class SkipCase(CaseOutcome):
     """The case cannot run on this machine; the message is the reason."""

@@ -83,7 +83,7 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
             else:
                 conn.send(("failed", f"unknown op {op!r}", ""))
         except CaseOutcome as exc:
-            conn.send((exc.status, str(exc)))
+            conn.send((exc.status, str(exc), "", exc.fields))
         except BaseException as exc:  # noqa: BLE001
             text = f"{type(exc).__name__}: {exc}"
             conn.send(("failed", text, traceback.format_exc()))

@@ -76,6 +76,12 @@ def serve_capacity(case, placement: str, device: torch.device) -> Capacity:
     return capacity(model, **kw)
 
 
+def capacity_fields(cap: Capacity, placement: str, batch: int) -> dict[str, Any]:
+    """The record fields the capacity rule gives before anything runs (a skipped case carries them)."""
+    return {"placement": placement, "max_batch": cap.max_batch, "serve_batch": batch, "capacity_rule": cap.explain(),
+            "hbm_bytes_total": cap.hbm_bytes}
+
+
 def serve_batch(cap: Capacity, fraction: float) -> int:
     return max(1, round(cap.max_batch * fraction)) if cap.max_batch else 0
 
@@ -239,12 +245,11 @@ def run_serve_case(case, backend, id_sets: Sequence[torch.Tensor], policy, devic
             timer=getattr(step_m, "timer", "host_sync" if device.type == "cuda" else "host_monotonic"),
             stopped_by=getattr(step_m, "stopped_by", None), unstable=bool(unstable),
             unstable_measurements=unstable or None,
-            placement=placement, serve_batch=batch, num_tokens=batch, max_batch=cap.max_batch,
-            kv_bytes=step.kv_bytes, weight_bytes=step.weight_bytes, kv_source="measured",
-            capacity_rule=cap.explain(), graph=graph, prefetch=step.prefetch, ids_on=step.ids_on,
-            hbm_bytes_total=cap.hbm_bytes,
+            num_tokens=batch, kv_bytes=step.kv_bytes, weight_bytes=step.weight_bytes, kv_source="measured",
+            graph=graph, prefetch=step.prefetch, ids_on=step.ids_on,
             hbm_bytes_used=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
         )
+        rec.update(capacity_fields(cap, placement, batch))
         return rec
     finally:
         step.close()

@@ -122,7 +122,7 @@ class TorchrunRanks:
         try:
             rec = self._record(case, "ok", "", self._traced_run(case, policy))
         except CaseOutcome as exc:
-            rec = self._record(case, exc.status, str(exc))
+            rec = self._record(case, exc.status, str(exc), exc.fields or None)
         except Exception as exc:  # noqa: BLE001
             rec = self._record(case, "failed", f"{type(exc).__name__}: {exc}")
             rec["traceback"] = traceback.format_exc()
