@@ -345,3 +345,13 @@ def test_fp8_kv_is_predicted_from_bf16_serve_records_at_half_the_kv_bytes(tmp_pa
     host = fp8["placements"]["host"]
     assert host["tpot_ms"] == pytest.approx(law_step_ms("qwen3-8b", host["serve_batch"], 8192, "fp8", extra_ms=0.01),
                                             rel=1e-3)
+
+
+def test_a_scenario_the_run_only_predicted_says_not_measured(tmp_path):
+    recs = [dict(r, status="skipped", kv_source="predicted", reason="kv_dtype=fp8: no decode-attention kernel",
+                 kv_dtype="fp8", step_ms=None, median_ms=None)
+            for r in serve_records(contexts=(8192,)) if r.get("batch_fraction") == 1.0]
+    a = serving_verdict(recs)[0]
+    assert a.verdict is None and a.host.max_batch > 0
+    assert "host: not measured (kv_dtype=fp8" in a.sentence()
+    assert a.sentence().endswith("→ no step measured (advise --model predicts one)")

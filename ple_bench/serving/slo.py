@@ -181,6 +181,8 @@ class ServingAnswer:
         parts = [_placement_words(self.host, m.host, ctx, first=True),
                  _placement_words(self.hbm, m.hbm, ctx, first=False)]
         head = f"{self.scenario.label}: " + "; ".join(parts)
+        if not self.host.points and not self.hbm.points:
+            return head + " → no step measured (advise --model predicts one)"
         if self.functional:
             return head + " -- CPU functional run: no serving verdict (these numbers check the code paths only)"
         head += " → " + _verdict_words(m)
@@ -285,8 +287,9 @@ def _label(p: ServePoint) -> str:
 
 
 def _placement_words(pl: Placement, p: ServePoint | None, ctx: str, first: bool) -> str:
-    if p is None:
-        return f"{pl.name}: no batch fits" + (f" ({pl.reason})" if pl.reason else "")
+    if p is None:  # the rule gave it a batch the run did not measure (fp8 KV), or no batch at all
+        what = "not measured" if pl.max_batch else "no batch fits"
+        return f"{pl.name}: {what}" + (f" ({pl.reason})" if pl.reason else "")
     seqs = f"{p.serve_batch} sequences of {ctx} tokens" if first else f"{p.serve_batch} sequences"
     return f"{pl.name}: {seqs}, {_tok(p.tokens_per_s)} tok/s at {_ms(p.tpot_ms)} ms TPOT{_label(p)}"
 
