@@ -222,3 +222,19 @@ def test_functional_serving_run_end_to_end(tmp_path):
     assert fp8["max_batch"] > by["hbm", 1.0]["max_batch"]  # half the KV bytes per sequence
     assert fp8["serve_batch"] == fp8["max_batch"] and fp8["capacity_rule"] in fp8["reason"]
     assert long["max_batch"] == 0 and long["kv_source"] is None
+
+
+def test_serving_suites_are_the_issue_s_cases_and_their_cpu_fallback():
+    from ple_bench.spec.suite import load_suite
+
+    gpu = load_suite("serving")
+    assert gpu.gpu_only and gpu.functional_fallback == "serving_functional"
+    assert len(gpu.cases) == 24 and {c.kind for c in gpu.cases} == {"serve"}
+    assert {(c.impl, c.context_len, c.batch_fraction) for c in gpu.cases} == {
+        (impl, ctx, f) for impl in ("device", "pinned_host_flag") for ctx in (2048, 8192, 32768)
+        for f in (1.0, 0.75, 0.5, 0.25)}
+    assert {(c.model, c.kv_dtype, c.table_bytes, c.dim, c.num_heads, c.dtype) for c in gpu.cases} == \
+        {("qwen3-8b", "bf16", 320001536 * 160, 160, 16, "fp8")}
+    cpu = load_suite("serving_functional")
+    assert not cpu.gpu_only and {c.model for c in cpu.cases} == {"tiny"}
+    assert {c.impl for c in cpu.cases} == {"device", "pinned_host_flag"}
