@@ -37,6 +37,8 @@ from ..report.verdict import EQUAL_PCT, candidates, scope
 from ..units import DTYPE_BYTES, BadValue, parse_size
 from .html import write_advice_html
 from .model import build_model, load_runs
+from .serving import ServingAdviseError, ServingAsk, advise_serving, format_serving_text
+from ..serving.models import KV_DTYPES, MODELS, get_model
 from .what_if import WhatIf, model_advice
 
 EXIT_BAD_USAGE = 2
@@ -352,7 +354,7 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", type=int, required=True)
     p.add_argument("--dtype", required=True, help="fp32 | fp16 | bf16 | fp8")
     p.add_argument("--heads", type=int, required=True)
-    p.add_argument("--tokens", required=True, help="tokens per step, comma-separated (e.g. 64,256,512)")
+    p.add_argument("--tokens", help="tokens per step, comma-separated (e.g. 64,256,512); required without --model")
     p.add_argument("--compute-us", type=float,
                    help="a matmul chain of this many microseconds between the lookup's start and its use "
                         "(the same as --compute us:N)")
@@ -360,7 +362,8 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
                    help="the compute between the lookup's start and its use: us:<microseconds> (the matmul "
                         "chain) or decoder:[<shape>:]<layers>x<context> (decoder layers over a KV cache of that "
                         "many tokens per sequence, shape default qwen3-8b); the model calibrates on that kind only")
-    p.add_argument("--hbm-bytes", help="HBM the table may take (default: no limit)")
+    p.add_argument("--hbm-bytes", help="HBM the table may take (default: no limit); with --model: the GPU's HBM "
+                                       "(default: the GPU the runs measured), e.g. 80GB")
     p.add_argument("--host-bytes", help="host memory the table may take (default: no limit)")
     p.add_argument("--runs", nargs="+", metavar="RUN_DIR",
                    help="run folders to read (docs/runs/*); without it, advise runs the few cases it needs")
@@ -378,6 +381,16 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
                    help="rank every stable pinned step by its step time (default), or only graph-replayed ones "
                         "where the runs have them")
     p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    serve = p.add_argument_group("serving (--model): tokens/s and TPOT per placement at the batch each holds")
+    serve.add_argument("--model", help="a model preset (ple_bench.serving.models: e.g. qwen3-8b, qwen3-32b, tiny): "
+                                       "answer what the placement buys in tokens/s and TPOT, from serve records "
+                                       "where the runs have them, else predicted")
+    serve.add_argument("--context", type=int, help="with --model: tokens of context per sequence (e.g. 8192)")
+    serve.add_argument("--kv-dtype", default="bf16", help="with --model: the KV cache's dtype (bf16 | fp8)")
+    serve.add_argument("--tpot-ms", type=float, help="with --model: the TPOT target, ms per output token "
+                                                      "(default 30)")
+    serve.add_argument("--gpu-memory-utilization", type=float, default=0.90,
+                       help="with --model: the share of HBM the server may use (default 0.90, as serving engines)")
     p.add_argument("--ids", help="the traffic the answer is for: only records of this id workload "
                                  "(e.g. text:code, zipf:1.1, uniform; default: every workload in the runs)")
 
@@ -465,8 +478,67 @@ def scoped_verdict(advice: Advice) -> None:
         advice.model.verdict += tail
 
 
-def run_advise(args: argparse.Namespace) -> int:
+def _size(name: str, value: Any) -> int:
+    """``--name``'s size in bytes ("47.7GiB" rounds to whole bytes here: a suite wants them exact)."""
     try:
+        return parse_size(str(value), exact=False)
+    except BadValue as exc:
+        raise AdviseError(f"--{name}: {exc} (e.g. 47.7GiB, 200GB, 51200286720)") from None
+
+
+def run_model_advise(args: argparse.Namespace) -> int:
+    """``advise --model``: the serving answer (:mod:`ple_bench.advise.serving`)."""
+    try:
+        try:
+            model = get_model(args.model)
+        except ValueError as exc:
+            raise AdviseError(f"--model: {exc}") from None
+        if args.context is None or args.context < 1:
+            raise AdviseError(f"--context: tokens of context per sequence, >= 1, are needed with --model "
+                              f"(got {args.context})")
+        if args.kv_dtype not in KV_DTYPES:
+            raise AdviseError(f"--kv-dtype: unknown {args.kv_dtype!r}; allowed: {', '.join(KV_DTYPES)}")
+        if args.dtype not in DTYPE_BYTES:
+            raise AdviseError(f"--dtype: unknown {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+        for name in ("dim", "heads", "etp"):
+            if getattr(args, name) < 1:
+                raise AdviseError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+        if args.tpot_ms is not None and args.tpot_ms <= 0:
+            raise AdviseError(f"--tpot-ms: must be positive, got {args.tpot_ms}")
+        if not 0 < args.gpu_memory_utilization <= 1:
+            raise AdviseError(f"--gpu-memory-utilization: a share in (0, 1], got {args.gpu_memory_utilization}")
+        if args.rows is not None and args.rows < 1:
+            raise AdviseError(f"--rows: the table must have at least one row, got {args.rows}")
+        table = _size("table-bytes", args.table_bytes) if args.table_bytes else args.rows * args.dim * DTYPE_BYTES[args.dtype]
+        if args.html:
+            raise AdviseError("--html: the serving answer (--model) has no page of its own yet; the run's report "
+                              "leads with it (python -m ple_bench report RUN_DIR)")
+        if not args.runs:
+            raise AdviseError("--runs: --model answers from stored runs (a serving run measures it: python -m "
+                              "ple_bench run --suite serving; a decoder run or any run with ceilings predicts it)")
+        missing = [d for d in args.runs if not (Path(d) / "meta.json").exists()]
+        if missing:
+            raise AdviseError(f"--runs: not a run folder (no meta.json): {', '.join(missing)}")
+        ask = ServingAsk(model=model, context_len=args.context, kv_dtype=args.kv_dtype, table_bytes=table,
+                         dim=args.dim, dtype=args.dtype, heads=args.heads,
+                         hbm_bytes=_size("hbm-bytes", args.hbm_bytes) if args.hbm_bytes else None,
+                         host_bytes=_size("host-bytes", args.host_bytes) if args.host_bytes else None,
+                         etp=args.etp, tpot_ms=args.tpot_ms, gpu_memory_utilization=args.gpu_memory_utilization)
+        records, metas = load_runs(args.runs)
+        advice = advise_serving(ask, records, metas, MODELS)
+    except (AdviseError, ServingAdviseError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_USAGE
+    print(json.dumps(advice.to_json(), indent=1) if args.json else format_serving_text(advice))
+    return 0
+
+
+def run_advise(args: argparse.Namespace) -> int:
+    if getattr(args, "model", None):
+        return run_model_advise(args)
+    try:
+        if not args.tokens:
+            raise AdviseError("--tokens: give the tokens per step (e.g. 64,256,512), or --model for the serving answer")
         def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
             try:
                 return parse_size(str(value), exact=False)

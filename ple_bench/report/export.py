@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..record import keys_for
+from ..serving.slo import SUMMARY_HEADERS, serving_verdict
 from ..spec.case import Case
 from .data import (
     ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
@@ -207,7 +208,7 @@ def summary_markdown(run: Run) -> str:
     """summary.md: a heading naming the run, then one row per record, in the order they were run."""
     axes = summary_axes(run)
     headers = [_MD_HEADERS.get(a, a) for a in axes] + ["time ms", "noise %", "GB/s", "% of ceiling", "status"]
-    lines = [f"# ple_bench run {run.run_id}", "",
+    lines = [f"# ple_bench run {run.run_id}", ""] + serving_markdown(run) + [
              f"suite `{run.suite}`, mode {run.mode}, {len(run.records)} records; time: the median "
              "(a step's: the step); noise: the half-width of the median's 95 % confidence interval, % of it; "
              "GB/s and % of ceiling: lookups only (`pct_of_ceiling`, against the record's `ceiling`).", "",
@@ -231,6 +232,18 @@ def summary_markdown(run: Run) -> str:
                   fmt(num(r.get("gbps")), 3), "" if pct is None else f"{pct:.0f}", status]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def serving_markdown(run: Run) -> list[str]:
+    """summary.md's lead when the run has serve records: the serving verdict's sentences and its
+    table (host beside HBM), as the report shows them; [] otherwise."""
+    answers = serving_verdict(run.records)
+    if not answers:
+        return []
+    lines = ["## What the placement buys", ""] + [f"- {a.sentence()}" for a in answers] + [""]
+    lines += ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "|".join("---" for _ in SUMMARY_HEADERS) + "|"]
+    lines += ["| " + " | ".join(_md_cell(c) for c in a.summary_cells()) + " |" for a in answers]
+    return lines + ["", "## Every case", ""]
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -28,7 +28,8 @@ from .data import (
     topology_label,
 )
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
-from .sections import decode_steps, hit_rate, path_groups, path_of, step_config_axes
+from ..serving.slo import SUMMARY_HEADERS
+from .sections import decode_steps, hit_rate, path_groups, path_of, serving_answers, served_steps, step_config_axes
 from .verdict import verdict as verdict_parts
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -275,6 +276,50 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
                                                                  "sm_limit", "ids", "table_bytes")
                                                    and any(c.raw(r) not in (None, "") for r in recs))]
     return cols, table_rows(cols, recs), shape
+
+
+def serve_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
+    """The served steps, one row per serve record (the serving answer's per-step detail)."""
+    recs = served_steps(run)
+    ms = lambda v: "" if num(v) is None else fmt(num(v), 4)  # noqa: E731
+    cols = [
+        Column("status", "status", "text"),
+        Column("model", "model", "text"),
+        Column("context_len", "context"),
+        Column("kv_dtype", "KV", "text"),
+        Column("table_bytes", "table", formatter=fmt_bytes),
+        Column("placement", "placement", "text"),
+        Column("impl", "path", "text"),
+        Column("serve_batch", "sequences", help="sequences in the step = tokens per step"),
+        Column("batch_fraction", "of largest", formatter=lambda v: "" if num(v) is None else f"{num(v):.2f}"),
+        Column("max_batch", "largest batch", help="the capacity rule's largest batch for this placement"),
+        Column("step_ms", "step ms", formatter=ms, help="median whole decode step"),
+        Column("tpot_ms", "TPOT ms", formatter=ms, help="one token per sequence per step: the step"),
+        Column("tokens_per_s", "tokens/s", help="serve_batch / step"),
+        Column("cv", "CV"),
+        Column("kv_bytes", "KV cache", formatter=fmt_bytes),
+        Column("hbm_bytes_used", "HBM used", formatter=fmt_bytes, help="torch max allocated in the case"),
+        Column("kv_source", "KV", "text", help="measured, or predicted (fp8 KV without a kernel)"),
+        Column("timer", "timer", "text"),
+        Column("case_id", "case", "text"),
+        Column("reason", "reason", "text", cls="wrap"),
+    ]
+    cols = [c for c in cols if c.key in ("status", "placement", "serve_batch")
+            or any(c.raw(r) not in (None, "") for r in recs)]
+    return cols, table_rows(cols, recs)
+
+
+def serving_view(run: Run) -> dict[str, Any] | None:
+    """What the report leads with when the run has serve records: the answers (their sentences and
+    one table of host beside HBM), the plot, the per-step detail; None without serve records."""
+    answers = serving_answers(run)
+    if not answers:
+        return None
+    from .plots_serving import plot_serving  # matplotlib: only a page with plots
+
+    cols, rows = serve_table(run)
+    return {"answers": answers, "headers": SUMMARY_HEADERS, "plot": plot_serving(run, answers), "columns": cols,
+            "rows": rows}
 
 
 # ----------------------------------------------------------------- metadata
@@ -530,6 +575,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     plots = [p for p in plots if p not in top]
     path_cols, path_rows = path_table(run)
     step_cols, step_rows, step_shape = step_table(run)
+    serving = serving_view(run)
     html = render_page(
         "report.html",
         run=run, device_name=_device_name(run), timer=_record_value(run, "timer") or run.meta.get("timer") or "?",
@@ -542,7 +588,7 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
         path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
         step_plots=[p for p in plots if p.section == "overlap"], step_columns=step_cols, step_rows=step_rows,
         step_shape=step_shape,
-        trend=trend, columns=columns, rows=table_rows(columns, records),
+        trend=trend, columns=columns, rows=table_rows(columns, records), serving=serving,
         statuses=[s for s in counts if counts[s]],
         not_measured=not_measured, nm_columns=nm_columns, nm_rows=table_rows(nm_columns, not_measured),
         nm_statuses=[s for s in ("skipped", "failed", "invalid") if counts.get(s)],

@@ -6,6 +6,9 @@ Owns two comparisons:
   case axis except the ones that pick the path: impl, kernel, cache_rows), one
   record per path (``impl · kernel``, see :func:`data.path_label`), with GB/s
   and rows/s as shares of the ceilings stored in ``meta.json``;
+* **serving**: ``kind=serve`` records as the serving verdict reads them
+  (:func:`serving_answers`: :func:`ple_bench.serving.slo.serving_verdict`), and the served steps
+  themselves (:func:`served_steps`);
 * **decode-step overlap**: ``kind=step`` records at the
   Qwen4Exp-like decode shape (fp8, dim 160, 16 heads) when the run has it,
   labelled by path, prefetch, graph mode, stream priority, grid share and
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..serving.slo import ServingAnswer, serving_verdict
 from .data import (
     AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, single_rank,
 )
@@ -27,6 +31,19 @@ from .data import (
 PATH_AXES = ("impl", "kernel", "cache_rows", "grid_frac", "sm_limit")
 WORKLOAD_AXES = tuple(a for a in AXES if a not in PATH_AXES)
 DECODE_SHAPE = {"dtype": "fp8", "dim": 160, "num_heads": 16}
+
+
+def serving_answers(run: Run, tpot_ms: float | None = None) -> list[ServingAnswer]:
+    """The serving verdict of every scenario of the run's serve records ([] when it has none)."""
+    return serving_verdict(run.records, tpot_ms)
+
+
+def served_steps(run: Run) -> list[dict[str, Any]]:
+    """The run's serve records (ok and not), by model, context, KV dtype, placement, batch."""
+    return sorted((r for r in run.records if r.get("kind") == "serve"),
+                  key=lambda r: (str(r.get("model")), str(r.get("kv_dtype")), num(r.get("table_bytes")) or 0,
+                                 num(r.get("context_len")) or 0, str(r.get("placement")),
+                                 num(r.get("serve_batch")) or 0))
 
 
 def path_of(record: dict[str, Any]) -> str:

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..record import device_resident, num
+from ..serving.slo import EQUAL_PCT  # one "as fast" threshold, for the lookup and the serving verdict
 from .data import fmt_bytes
 
 #: a step whose samples vary more than this (:func:`spread`) is not used for a verdict
 STABLE_CV = 0.10
 _IQR_PER_SIGMA = 1.349
-#: an overhead up to this (in %) counts as "as fast as the resident table"
-EQUAL_PCT = 5.0
+#: an overhead up to EQUAL_PCT (in %) counts as "as fast as the resident table"
 
 
 @dataclass(frozen=True)
