@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ple_bench.advise.serving import ServingAsk, served_capacity
-from ple_bench.run.serve import serve_batch
+from ple_bench.serving.capacity import batch_at as serve_batch
 from ple_bench.serving.models import get_model
 from tests._fake_runs import gpu_meta, stats_fields, write_run
 

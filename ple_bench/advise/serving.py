@@ -43,8 +43,7 @@ from typing import Any, Sequence
 
 from ..record import num
 from ..report.verdict import stable
-from ..run.serve import serve_batch
-from ..serving.capacity import Capacity, capacity
+from ..serving.capacity import Capacity, batch_at as serve_batch, served_capacity as _served
 from ..serving.models import ModelPreset
 from ..serving.slo import (
     PLACEMENT_NAMES as PLACE, PLACEMENTS, Placement, Scenario, ServePoint, ServingAnswer, answer_for, placement_of,
@@ -57,8 +56,6 @@ GIB = 1 << 30
 TABLE_SLACK = 1.05
 #: the serving suite's batch fractions of a placement's largest batch
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
-#: the lookup's staging buffers of the host placement: this many copies of one step's rows
-STAGING_COPIES = 2
 #: vLLM's setting for each placement (names as vllm/config/engram.py documents them on
 #: docs.vllm.ai/en/latest/api/vllm/config/engram/; the page names no release number)
 ENGINE_SETTING = {
@@ -408,15 +405,10 @@ def served_capacity(ask: "ServingAsk", placement: str, hbm_bytes: int, host_byte
     which needs a device: the same terms here for any HBM): the weights at the activation dtype plus
     the PLE projection (heads x dim x hidden), the table (hbm) or :data:`STAGING_COPIES` copies of one
     step's rows at the batch the rule gives without them (host)."""
-    model = ask.model
-    weights = model.weight_bytes(element_bytes) + ask.heads * ask.dim * model.hidden * element_bytes
-    kw = dict(placement=placement, context_len=ask.context_len, kv_dtype=ask.kv_dtype, hbm_bytes=hbm_bytes,
-              table_bytes=ask.table_bytes, etp=ask.etp, gpu_memory_utilization=ask.gpu_memory_utilization,
-              weight_bytes=weights, host_bytes=host_bytes)
-    if placement == "host":
-        bound = capacity(model, **kw).max_batch
-        kw["staging_bytes"] = STAGING_COPIES * bound * ask.heads * ask.dim * DTYPE_BYTES[ask.dtype]
-    return capacity(model, **kw)
+    return _served(ask.model, placement=placement, context_len=ask.context_len, kv_dtype=ask.kv_dtype,
+                   hbm_bytes=hbm_bytes, table_bytes=ask.table_bytes, heads=ask.heads, dim=ask.dim,
+                   row_bytes=ask.dim * DTYPE_BYTES[ask.dtype], element_bytes=element_bytes, etp=ask.etp,
+                   gpu_memory_utilization=ask.gpu_memory_utilization, host_bytes=host_bytes)
 
 
 def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]],

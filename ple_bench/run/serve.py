@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compute import DecoderCompute
-from ..serving.capacity import Capacity, capacity
+from ..serving.capacity import Capacity, batch_at, served_capacity
 from ..serving.models import ModelPreset, get_model
 from .step import DecodeStep, StepMismatch, reference_rows, default_act_dtype
 
@@ -61,19 +61,13 @@ def hbm_total_bytes(device: torch.device) -> int:
 
 
 def serve_capacity(case, placement: str, device: torch.device) -> Capacity:
-    """The capacity rule for ``case`` on ``device``: its total memory (pretend HBM on a CPU), the
-    model's weights at the activation dtype plus the PLE projection, the table (hbm) or the rows'
-    device buffers (host: the rows and the staging copy, at the host's batch)."""
-    model = get_model(case.model)
+    """The capacity rule for ``case`` on ``device`` (:func:`ple_bench.serving.capacity.served_capacity`):
+    its total memory (pretend HBM on a CPU) and its activation dtype's element size."""
     element = torch.empty((), dtype=default_act_dtype(device)).element_size()
-    weights = model.weight_bytes(element) + case.num_heads * case.dim * model.hidden * element
-    kw = dict(placement=placement, context_len=case.context_len, kv_dtype=case.kv_dtype,
-              hbm_bytes=hbm_total_bytes(device), table_bytes=case.table_bytes, etp=case.etp,
-              gpu_memory_utilization=case.gpu_memory_utilization, weight_bytes=weights)
-    if placement == "host":
-        bound = capacity(model, **kw).max_batch
-        kw["staging_bytes"] = 2 * bound * case.num_heads * case.row_bytes
-    return capacity(model, **kw)
+    return served_capacity(get_model(case.model), placement=placement, context_len=case.context_len,
+                           kv_dtype=case.kv_dtype, hbm_bytes=hbm_total_bytes(device), table_bytes=case.table_bytes,
+                           heads=case.num_heads, dim=case.dim, row_bytes=case.row_bytes, element_bytes=element,
+                           etp=case.etp, gpu_memory_utilization=case.gpu_memory_utilization)
 
 
 def capacity_fields(cap: Capacity, placement: str, batch: int) -> dict[str, Any]:
@@ -82,8 +76,7 @@ def capacity_fields(cap: Capacity, placement: str, batch: int) -> dict[str, Any]
             "hbm_bytes_total": cap.hbm_bytes}
 
 
-def serve_batch(cap: Capacity, fraction: float) -> int:
-    return max(1, round(cap.max_batch * fraction)) if cap.max_batch else 0
+serve_batch = batch_at  # the batch of a served case (one definition, in serving.capacity)
 
 
 class ServeStep(DecodeStep):

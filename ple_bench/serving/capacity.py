@@ -113,3 +113,30 @@ def capacity(model: ModelPreset | str, *, placement: str, context_len: int, kv_d
                     table_term_bytes=table_term, etp=int(etp), activation_bytes_per_seq=act_per_seq,
                     activation_bytes=batch * act_per_seq, kv_bytes_per_seq=kv_per_seq, max_batch=int(batch),
                     reason=reason)
+
+
+#: device copies of one step's rows a host placement keeps (the rows and their staging copy)
+STAGING_COPIES = 2
+
+
+def served_capacity(preset: ModelPreset, *, placement: str, context_len: int, kv_dtype: str, hbm_bytes: int,
+                    table_bytes: int, heads: int, dim: int, row_bytes: int, element_bytes: int = 2, etp: int = 1,
+                    gpu_memory_utilization: float = 0.90, host_bytes: int | None = None) -> Capacity:
+    """The capacity rule as a served step applies it -- the one place, read by the serve executor
+    (:func:`ple_bench.run.serve.serve_capacity`, with its device's memory and activation dtype) and by
+    ``advise --model`` (any HBM): the model's weights at ``element_bytes`` plus the PLE projection
+    (heads x dim x hidden), and the table (hbm) or :data:`STAGING_COPIES` copies of one step's rows at the
+    batch the rule gives without them (host)."""
+    weights = preset.weight_bytes(element_bytes) + heads * dim * preset.hidden * element_bytes
+    kw = dict(placement=placement, context_len=context_len, kv_dtype=kv_dtype, hbm_bytes=hbm_bytes,
+              table_bytes=table_bytes, etp=etp, gpu_memory_utilization=gpu_memory_utilization,
+              weight_bytes=weights, host_bytes=host_bytes)
+    if placement == "host":
+        bound = capacity(preset, **kw).max_batch
+        kw["staging_bytes"] = STAGING_COPIES * bound * heads * row_bytes
+    return capacity(preset, **kw)
+
+
+def batch_at(cap: Capacity, fraction: float) -> int:
+    """The batch of a served case: ``round(max_batch x fraction)``, at least 1 where anything fits."""
+    return max(1, round(cap.max_batch * fraction)) if cap.max_batch else 0
