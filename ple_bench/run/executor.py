@@ -166,7 +166,7 @@ class CaseExecutor:
             backend = self.table.backend
             backend.set_max_tokens(case.num_tokens)
             # same table, another kernel: swap the kernel, keep the filled table
-            backend.set_kernel(case.kernel or type(backend).default_kernel)
+            backend.set_kernel(backend.kernel_for(backend.device, case.kernel))
             return backend
         try:
             cls = get_backend(case.impl)
