@@ -17,6 +17,7 @@ from ple_bench.backends.native import host_gather_module
 from ple_bench.report import verdict
 from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 from ple_bench.testing import check_backend
+from tests._fixtures import fixture_run
 
 pytestmark = pytest.mark.skipif(host_gather_module() is None, reason="the native host gather does not build here")
 
@@ -177,7 +178,7 @@ def test_back_to_back_posts_never_mix_rows_of_two_posts():
     b.close()
 
 
-RUN = Path(__file__).resolve().parents[1] / "docs" / "runs" / "20261202-103149-faster_than_hbm-4c8f"
+RUN = fixture_run("20261202-103149-faster_than_hbm-4c8f")
 
 
 def test_the_verdict_and_advise_rank_the_archived_flag_steps():

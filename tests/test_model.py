@@ -15,6 +15,7 @@ from ple_bench.advise.model import GIB, Rates, build_model, predict, reduce_ms
 from ple_bench.env import gpu_available
 from ple_bench.results import load_records
 from ple_bench.spec.suite import load_suite
+from tests._fixtures import fixture_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +91,7 @@ SHAPE = ["--dim", "160", "--dtype", "fp8", "--heads", "16", "--compute-us", "200
 
 @pytest.fixture(scope="module")
 def runs():
-    return sorted(str(p) for p in (ROOT / "docs" / "runs").iterdir() if (p / "meta.json").exists())
+    return [str(p) for p in fixture_runs()]
 
 
 def test_advise_what_if_marks_predicted_and_writes_html(runs, tmp_path):

@@ -9,6 +9,7 @@ import torch
 
 from ple_bench import traces, workload
 from ple_bench.spec.suite import load_suite
+from tests._fixtures import fixture_run
 
 VOCAB, HEADS = 40_000, 4  # 10 000 rows a head: 2 heads of 2-grams, 2 of 3-grams
 
@@ -244,7 +245,7 @@ def test_advise_cli_refuses_a_bad_ids_with_exit_2():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    run = sorted((root / "docs" / "runs").glob("*-paths-*"))[-1]
+    run = fixture_run("20261201-221703-paths-b469")  # a paths run with text ids (novels)
     args = ["--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16", "--tokens", "256",
             "--compute-us", "200", "--runs", str(run)]
     for ids, msg in (("text:novels", "bad ids spec"), ("text:code", "no record of ids 'text:code'")):
