@@ -14,6 +14,7 @@ import pytest
 
 from ple_bench.advise.compute_kind import ComputeAsk, compute_kind, parse_compute, records_of_compute
 from ple_bench.advise.model import build_model, load_runs, predict
+from tests._cli import run_cli
 from tests._fixtures import fixture_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +24,7 @@ SHAPE = ["--table-bytes", "32GiB", "--dim", "160", "--dtype", "fp8", "--heads", 
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli("advise", *args)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from ple_bench.advise.model import GIB, Rates, build_model, predict, reduce_ms
 from ple_bench.env import gpu_available
 from ple_bench.results import load_records
 from ple_bench.spec.suite import load_suite
+from tests._cli import run_cli
 from tests._fixtures import fixture_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,8 +83,7 @@ def test_etp_reduce_is_alpha_beta_and_the_link_bounds_it():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli("advise", *args)
 
 
 SHAPE = ["--dim", "160", "--dtype", "fp8", "--heads", "16", "--compute-us", "200"]
@@ -142,8 +142,10 @@ def test_advise_zero_tokens_exits_2_before_running_anything():
 def test_advise_functional_check_on_a_cpu_runs_its_cases_and_ranks_nothing(tmp_path):
     """``advise --functional-check`` without a GPU: it runs its own cases (each path once, functional
     mode), says they are not timings and ranks nothing: its one line on stdout is the check's tally."""
-    proc = _cli("--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8", "--heads", "4", "--tokens", "8",
-                "--compute-us", "20", "--results-dir", str(tmp_path), "--functional-check")
+    proc = subprocess.run([sys.executable, "-m", "ple_bench", "advise", "--table-bytes", "1GiB", "--dim", "160",
+                           "--dtype", "fp8", "--heads", "4", "--tokens", "8", "--compute-us", "20",
+                           "--results-dir", str(tmp_path), "--functional-check"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "not timings" in proc.stderr and "nothing is ranked" in proc.stderr
     (line,) = proc.stdout.strip().splitlines()  # no ranking, no verdict: the tally alone
