@@ -136,7 +136,6 @@ def test_advise_zero_tokens_exits_2_before_running_anything():
     assert proc.returncode == 2 and "--tokens" in proc.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.slow  # a subprocess running eight decode-step cases (Triton under the interpreter)
 @pytest.mark.skipif(gpu_available(), reason="a GPU: the self-run measures and ranks (tests/gpu covers it)")
 def test_advise_functional_check_on_a_cpu_runs_its_cases_and_ranks_nothing(tmp_path):
