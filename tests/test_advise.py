@@ -4,13 +4,12 @@ the verdict, the memory budgets, bad input exits 2 naming the flag, and a run ov
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ple_bench.advise.answer import AdviseError, advise
+from tests._cli import run_cli
 from tests._fixtures import fixture_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,8 +89,7 @@ def test_budgets_and_impossible_inputs():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli("advise", *args)  # in this process; test_model runs `python -m ple_bench advise` end to end
 
 
 def test_cli_answers_the_qwen4exp_shape_from_the_archived_runs():
