@@ -292,6 +292,7 @@ ids = ["uniform", "zipf:1.1"]
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_a_functional_run_keeps_its_random_row_ceilings_in_meta(tmp_path):
     from tests.test_cli import run_suite_text
 

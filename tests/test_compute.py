@@ -301,6 +301,7 @@ def test_cli_exits_2_for_a_decoder_case_with_a_compute_target(tmp_path):
     assert "compute_us" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_run_records_decoder_steps_in_functional_mode(tmp_path):
     """``python -m ple_bench run`` of decoder steps on a CPU: each is checked and measured, the pinned
     step held against its resident decoder step, the compute's figures derived."""

@@ -172,6 +172,7 @@ ids_on = ["host", "device"]
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_a_functional_run_passes_the_gate_for_every_case(tmp_path):
     """``python -m ple_bench run`` on a CPU: the path's lookups and steps pass the engine's gate."""
     from tests.test_cli import run_suite_records
