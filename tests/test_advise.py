@@ -1,16 +1,16 @@
 """`advise`: ranked options and the recommendation from measured step records (hand-made here),
-the verdict, the memory budgets, bad input exits 2 naming the flag, and a run over docs/runs."""
+the verdict, the memory budgets, bad input exits 2 naming the flag, and a run over the archived runs (tests/fixtures/runs)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ple_bench.advise.answer import AdviseError, advise
+from tests._cli import run_cli
+from tests._fixtures import fixture_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -89,12 +89,11 @@ def test_budgets_and_impossible_inputs():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli("advise", *args)  # in this process; test_model runs `python -m ple_bench advise` end to end
 
 
 def test_cli_answers_the_qwen4exp_shape_from_the_archived_runs():
-    runs = sorted(str(p) for p in (ROOT / "docs" / "runs").iterdir() if (p / "meta.json").exists())
+    runs = [str(p) for p in fixture_runs()]
     proc = _cli("--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16", "--tokens",
                 "64,256,512", "--compute-us", "200", "--runs", *runs, "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,7 +1,7 @@
 """``advise --compute``: the compute kind is an input of advise and of its model -- the matmul chain
 (``us:N``) and decoder layers (``decoder:<layers>x<context>``) are never pooled, bad input exits 2
 naming the flag, and the answer names the traffic and the compute it holds for.  Answered from the
-archived decoder and paths runs in docs/runs."""
+archived decoder and paths runs (trimmed copies in tests/fixtures/runs)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,17 @@ import pytest
 
 from ple_bench.advise.compute_kind import ComputeAsk, compute_kind, parse_compute, records_of_compute
 from ple_bench.advise.model import build_model, load_runs, predict
+from tests._cli import run_cli
+from tests._fixtures import fixture_run
 
 ROOT = Path(__file__).resolve().parents[1]
-DECODER_RUN = ROOT / "docs" / "runs" / "20261201-230636-decoder-377c"
-PATHS_RUN = ROOT / "docs" / "runs" / "20261201-221703-paths-b469"
+DECODER_RUN = fixture_run("20261201-230636-decoder-377c")
+PATHS_RUN = fixture_run("20261201-221703-paths-b469")
 SHAPE = ["--table-bytes", "32GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16"]
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return run_cli("advise", *args)
 
 
 @pytest.fixture(scope="module")

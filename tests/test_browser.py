@@ -20,6 +20,7 @@ import pytest
 from ._fake_runs import write_cpu_run, write_gpu_run
 from ple_bench.report import build_report
 from ple_bench.report.compare import compare_runs, write_compare_html
+from tests._fixtures import FIXTURE_RUNS
 
 
 def _find_chromium() -> str | None:
@@ -136,7 +137,7 @@ def test_checks_catch_a_broken_page(tmp_path, gpu_page):
 
 # ------------------------------------------------ the first screen and the layout at 1280 x 800
 
-ARCHIVED = Path(__file__).resolve().parent.parent / "docs/runs"
+ARCHIVED = FIXTURE_RUNS
 
 
 @pytest.fixture(scope="module")

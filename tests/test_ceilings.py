@@ -24,6 +24,7 @@ from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy, ceilings as ceil
 from ple_bench.measure import timer as timer_mod
 from ple_bench.record import CEILING_SLACK_PCT, derive, upgrade
+from tests._fixtures import fixture_run
 
 RUN_CEILINGS = {"pinned_random_row_gbps_160B": 20.0, "device_random_row_gbps_160B": 250.0,
                 "host_memcpy_gbps": 10.0}
@@ -291,6 +292,7 @@ ids = ["uniform", "zipf:1.1"]
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_a_functional_run_keeps_its_random_row_ceilings_in_meta(tmp_path):
     from tests.test_cli import run_suite_text
 
@@ -356,14 +358,14 @@ def test_a_ceiling_opens_no_profiler_or_trace_window(monkeypatch):
 
 
 def test_the_archived_h200_run_presents_no_lookup_above_its_ceiling_as_fast():
-    """docs/runs/...-fa39 (an H200 run of the default suite): every finding that quotes a share above 105 %
+    """Run ...-fa39 (an H200 run of the default suite): every finding that quotes a share above 105 %
     of a ceiling says in the same sentence that the ceiling does not bind."""
     import re
 
     from ple_bench.report.data import load_run
     from ple_bench.report.findings import findings
 
-    run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-123806-default-fa39")
+    run = load_run(fixture_run("20261201-123806-default-fa39"))
     texts = [f.text for f in findings(run)]
     above = [t for t in texts if any(float(m) > CEILING_SLACK_PCT for m in re.findall(r"(\d+(?:\.\d+)?)% of", t))]
     assert above, "the run has two lookups above their ceiling (dedup, hot cache); the findings name them"

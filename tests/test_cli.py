@@ -184,6 +184,7 @@ def test_bad_suite_exit_2_and_nothing_runs(tmp_path):
     assert proc.returncode == 2 and not (tmp_path / "res").exists()
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_failures_are_isolated_and_recorded(tmp_path):
     impls = ["device", "tests.plugin_backends:WrongRowsBackend", "tests.plugin_backends:RaisingBackend",
              "tests.plugin_backends:CrashingBackend"]
@@ -201,6 +202,7 @@ def test_failures_are_isolated_and_recorded(tmp_path):
     assert set(recs) == set(impls)
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_the_case_after_a_poisoning_failure_runs_in_a_fresh_worker(tmp_path):
     """A failed case may leave its worker poisoned (a sticky CUDA error): the next case
     must run in a fresh worker and get its own result, not its predecessor's."""
@@ -230,6 +232,7 @@ def test_bad_impl_import_path_exits_2_before_running(tmp_path, impl, why):
     assert proc.returncode == 2 and repr(impl) in proc.stderr
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_resume_runs_only_missing_cases(tmp_path):
     suite = write_suite(tmp_path, ["device"], dtypes=["fp32", "bf16", "fp8"])
     res = tmp_path / "res"
@@ -295,6 +298,7 @@ def test_ctrl_c_keeps_results(tmp_path):
     assert command in out and command in err
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_one_line_per_case_off_a_terminal_and_skips_in_the_summary(tmp_path):
     """Captured (not a terminal), the run prints one line per case -- no progress-bar frames --
     and its summary lists every skip with its reason."""

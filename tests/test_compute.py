@@ -22,6 +22,7 @@ from ple_bench.spec.case import Case
 from ple_bench.compute import DECODER_SHAPES, DecoderCompute
 from ple_bench.run.step import DecodeStep, StepMismatch, check_step, run_step_case
 from tests.test_step import DIM, HEADS, SEED, TOKENS, VOCAB, _tiny_policy, make_backend, make_ids
+from tests._fixtures import fixture_run
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = DECODER_SHAPES["tiny"]
@@ -237,7 +238,7 @@ def test_derive_holds_the_compute_against_the_d2d_ceiling():
 def test_stored_case_ids_are_unchanged_by_the_compute_axes():
     """Cases of an archived run, rebuilt from their stored axes (which predate the compute
     axes), keep their stored case_id."""
-    path = REPO / "docs/runs/20261201-093802-paths-ab72/records.jsonl.gz"
+    path = fixture_run("20261201-093802-paths-ab72") / "records.jsonl.gz"
     fields = set(Case.__dataclass_fields__)
     with gzip.open(path, "rt") as fh:
         recs = [json.loads(line) for line in fh]
@@ -300,6 +301,7 @@ def test_cli_exits_2_for_a_decoder_case_with_a_compute_target(tmp_path):
     assert "compute_us" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_run_records_decoder_steps_in_functional_mode(tmp_path):
     """``python -m ple_bench run`` of decoder steps on a CPU: each is checked and measured, the pinned
     step held against its resident decoder step, the compute's figures derived."""

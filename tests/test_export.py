@@ -20,6 +20,7 @@ from ple_bench.results import load_records
 
 pytest_benchmark = pytest.importorskip("pytest_benchmark")
 from pytest_benchmark.stats import Stats  # noqa: E402
+from tests._fixtures import fixture_run
 
 TARGET = Case(impl="pinned_uva", dtype="fp8", dim=160, vocab_size=1 << 24, num_heads=16, num_tokens=1024)
 
@@ -199,7 +200,7 @@ def test_summary_of_an_archived_gpu_run_names_the_axes_that_tell_cases_apart():
     from ple_bench.report.export import summary_frame, summary_markdown
     from ple_bench.report.data import fmt, load_run
 
-    run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-130202-paths-b4db")
+    run = load_run(fixture_run("20261201-130202-paths-b4db"))
     header, rows = _markdown_table(summary_markdown(run))
     assert header[:-5] == ["path (impl · kernel)", "tokens", "prefetch", "graph", "ids", "ids_on", "host_alloc"]
     assert len({tuple(r[:-5]) for r in rows}) == len(rows) == 42

@@ -17,6 +17,7 @@ from ple_bench.backends.cuda.native import host_gather_module
 from ple_bench.report import verdict
 from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 from ple_bench.testing import check_backend
+from tests._fixtures import fixture_run
 
 pytestmark = pytest.mark.skipif(host_gather_module() is None, reason="the native host gather does not build here")
 
@@ -177,7 +178,7 @@ def test_back_to_back_posts_never_mix_rows_of_two_posts():
     b.close()
 
 
-RUN = Path(__file__).resolve().parents[1] / "docs" / "runs" / "20261202-103149-faster_than_hbm-4c8f"
+RUN = fixture_run("20261202-103149-faster_than_hbm-4c8f")
 
 
 def test_the_verdict_and_advise_rank_the_archived_flag_steps():
@@ -222,6 +223,7 @@ extra = { chunks = 2 }
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_a_functional_run_passes_the_gate_for_every_case(tmp_path):
     """``python -m ple_bench run`` on a CPU: the path's lookups and steps pass the engine's gate."""
     from tests.test_cli import run_suite_records

@@ -20,9 +20,10 @@ from ple_bench.advise.answer import advise
 from ple_bench.advise.self_run import suite_text
 from ple_bench.run.step import DecodeStep, StepMismatch, check_step
 from ple_bench.testing import check_backend
+from tests._fixtures import fixture_run
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "docs" / "runs" / "20261202-065234-faster_than_hbm-b3f6"
+RUN = fixture_run("20261202-065234-faster_than_hbm-b3f6")
 VOCAB, DIM, HEADS, SEED = 4096, 16, 4, 5
 
 
@@ -171,6 +172,7 @@ ids_on = ["host", "device"]
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_a_functional_run_passes_the_gate_for_every_case(tmp_path):
     """``python -m ple_bench run`` on a CPU: the path's lookups and steps pass the engine's gate."""
     from tests.test_cli import run_suite_records

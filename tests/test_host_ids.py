@@ -181,6 +181,7 @@ prefetch = ["off", "on"]
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_run_keeps_the_host_gather_ceiling_in_meta(tmp_path):
     from tests.test_cli import run_suite_text
 

@@ -14,10 +14,11 @@ import pytest
 from ple_bench.report.data import load_run, num
 from ple_bench.report.gallery import make_plots
 from ple_bench.report.plots_traffic import decoder_share, main, plot_decoder, plot_traffic, traffic_series
+from tests._fixtures import fixture_run
 
 ROOT = Path(__file__).resolve().parents[1]
-DECODER_RUN = ROOT / "docs" / "runs" / "20261201-230636-decoder-377c"
-TRAFFIC_RUN = ROOT / "docs" / "runs" / "20261201-231019-traffic-3f07"
+DECODER_RUN = fixture_run("20261201-230636-decoder-377c")
+TRAFFIC_RUN = fixture_run("20261201-231019-traffic-3f07")
 
 
 @pytest.fixture(scope="module")

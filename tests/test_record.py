@@ -1,6 +1,6 @@
 """The record schema (ple_bench/record.py): every derived figure on hand-computed
 records, the ceiling each kind of lookup is held against, the upgrade of older
-records, the archived runs in docs/runs, and the README's generated table."""
+records, the archived runs (tests/fixtures/runs), and the README's generated table."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import torch
 from ple_bench import record, results
 from ple_bench.spec.case import Case
 from ple_bench.record import SCHEMA_VERSION, Peers, derive, twin_key, twins_of, upgrade
+from tests._fixtures import fixture_runs
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS = sorted(p for p in (REPO / "docs" / "runs").iterdir() if (p / "meta.json").exists())
+RUNS = fixture_runs()
 
 CEILINGS = {"h2d_gbps": 55.0, "d2d_gbps": 4000.0, "host_memcpy_gbps": 10.0,
             "pinned_random_row_gbps_160B": 20.0, "pinned_random_row_gbps_512B": 50.0,
@@ -350,6 +351,7 @@ def test_the_archived_runs_load_upgrade_and_report(tmp_path):
     from ple_bench.report import build_report
 
     assert len(RUNS) >= 10
+    assert any(results.load(run).attrs["upgraded"] for run in RUNS)  # an older schema among them
     started = time.perf_counter()
     for run in RUNS:
         df = results.load(run)

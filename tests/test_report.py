@@ -16,6 +16,7 @@ from ple_bench.report import build_report, report_main
 from ple_bench.report.data import Run, slice_series
 from ple_bench.report.findings import findings
 from ple_bench.results import load_records
+from tests._fixtures import FIXTURE_RUNS, fixture_run
 
 EXTERNAL = re.compile(r"""(?:src|href|action|poster)\s*=\s*["']?\s*(?:https?:)?//""", re.I)
 
@@ -414,7 +415,7 @@ def test_the_verdict_plots_carry_step_time_vs_tokens_with_the_resident_baseline(
     from ple_bench.report.gallery import make_plots
     from ple_bench.report.plots import plot_step_vs_tokens
 
-    run = load_run(Path(__file__).resolve().parent.parent / "docs/runs/20261201-130202-paths-b4db")
+    run = load_run(fixture_run("20261201-130202-paths-b4db"))
     plot = plot_step_vs_tokens(run)
     assert plot is not None and plot.data_uri.startswith("data:image/png;base64,")
     top = [p.key for p in key_plots(make_plots(run))]
@@ -423,7 +424,7 @@ def test_the_verdict_plots_carry_step_time_vs_tokens_with_the_resident_baseline(
 
 # ------------------------------------------------------------ the page as a person reads it
 
-ARCHIVED = Path(__file__).resolve().parent.parent / "docs/runs"
+ARCHIVED = FIXTURE_RUNS
 
 
 @pytest.fixture(scope="module")
@@ -533,7 +534,7 @@ def test_ceilings_are_tables_of_short_numbers(tmp_path, archived_runs):
 
     tables = {t.name: t for t in per_case_ceilings(archived_runs["default"])}
     assert {n: len(t.rows) for n, t in tables.items()} == {"host_gather": 6, "random_row": 45}
-    html = build_report(ARCHIVED / "20261201-123806-default-fa39", tmp_path / "reports").read_text()
+    html = build_report(fixture_run("20261201-123806-default-fa39"), tmp_path / "reports").read_text()
     run_section = section(html, "run")
     assert '<details class="section case-ceilings" id="ceilings-random_row">' in run_section
     ceilings = run_section[run_section.index('id="ceilings"'):]

@@ -7,6 +7,7 @@ import itertools
 
 import torch
 
+from ple_bench.backends import get_backend
 from ple_bench.spec.case import Case
 from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy
@@ -122,3 +123,22 @@ def test_default_suite_puts_the_47_7_gib_torch_table_right_after_the_32_gib_one(
     # the 47.7 GiB one round up to the same block
     for size in (34_359_746_560, 320_001_536 * 160):
         assert host_alloc.host_table_bytes(size, "torch") == 64 << 30
+
+
+def test_a_case_runs_the_same_kernel_alone_and_after_another_case_on_its_table():
+    """The kernel a case runs does not depend on the cases before it: a ``device`` case that names no
+    kernel runs the backend's CPU kernel (``cpu_kernel``) on a fresh table and on a table the case before
+    it filled with another kernel (the engine swaps the kernel, keeping the rows)."""
+    base = dict(impl="device", vocab_size=4096, dim=160, dtype="fp8", num_heads=4, num_tokens=8)
+    default, other = Case(**base), Case(kernel="torch_uva", **base)
+    assert default.table_key == other.table_key
+    alone = CaseExecutor(device=torch.device("cpu")).run(default, _policy())
+    ex = CaseExecutor(device=torch.device("cpu"))
+    first = ex.run(other, _policy())
+    after = ex.run(default, _policy())
+    assert ex.table.uses == 2  # the second case ran on the first case's filled table
+    ex.release_table()
+    assert first["kernel_ran"] == "torch_uva"
+    expected = get_backend("device").cpu_kernel
+    assert expected != get_backend("device").default_kernel  # the two rules would differ here
+    assert alone["kernel_ran"] == after["kernel_ran"] == expected

@@ -9,6 +9,8 @@ import torch
 
 from ple_bench import traces, workload
 from ple_bench.spec.suite import load_suite
+from tests._cli import run_cli
+from tests._fixtures import fixture_run
 
 VOCAB, HEADS = 40_000, 4  # 10 000 rows a head: 2 heads of 2-grams, 2 of 3-grams
 
@@ -239,17 +241,11 @@ def test_advise_keeps_the_records_of_the_asked_traffic():
 
 
 def test_advise_cli_refuses_a_bad_ids_with_exit_2():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    run = sorted((root / "docs" / "runs").glob("*-paths-*"))[-1]
+    run = fixture_run("20261201-221703-paths-b469")  # a paths run with text ids (novels)
     args = ["--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16", "--tokens", "256",
             "--compute-us", "200", "--runs", str(run)]
     for ids, msg in (("text:novels", "bad ids spec"), ("text:code", "no record of ids 'text:code'")):
-        r = subprocess.run([sys.executable, "-m", "ple_bench", "advise", *args, "--ids", ids], cwd=root,
-                           capture_output=True, text=True, timeout=300)
+        r = run_cli("advise", *args, "--ids", ids)
         assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

@@ -48,7 +48,8 @@ grid cap, see :attr:`PLEEmbedding.grid_cap`).
 *Settings* (instance attributes with defaults): ``stream_priority``,
 ``sm_limit`` (set through :meth:`PLEEmbedding.set_side_stream_setting`),
 ``grid_cap`` (most programs the lookup kernel launches; None: no cap) and the
-kernel (:meth:`PLEEmbedding.set_kernel`).
+kernel (:meth:`PLEEmbedding.set_kernel`; :meth:`PLEEmbedding.kernel_for` says which kernel a
+case runs on a device: the one rule for a fresh backend and a reused table).
 
 *Operations*: ``lookup``, ``start_prefetch``/``finalize``, ``prepare_prefetch``,
 ``dequantize``, ``fill_synthetic``/``load_full_table``, ``set_scale``, ``set_max_tokens``,
@@ -224,7 +225,7 @@ class PLEEmbedding(ABC):
         self.storage_dtype = self.format.storage_dtype
         self.device = self._resolve_device(device)
         self._grid_programs: int | None = None
-        self.set_kernel(kernel or (self.device.type == "cpu" and self.cpu_kernel) or self.default_kernel)
+        self.set_kernel(self.kernel_for(self.device, kernel))
         self.shard = ShardSpec.compute(
             num_embeddings, padding_size, self.topology.etp, self.coords.etp_rank
         )
@@ -253,6 +254,18 @@ class PLEEmbedding(ABC):
                     self.host_thread_s += spent
 
     # ----------------------------------------------------------- settings
+    @classmethod
+    def kernel_for(cls, device: torch.device | str, kernel: str | None = None):
+        """The lookup kernel this path runs on ``device`` when a case names ``kernel``: the
+        named one, else :attr:`cpu_kernel` on a CPU (where set), else :attr:`default_kernel`.
+        The one rule: a fresh backend and a reused table (the engine swapping kernels) both
+        read it, so a case's kernel does not depend on the cases that ran before it."""
+        if kernel:
+            return kernel
+        if torch.device(device).type == "cpu" and cls.cpu_kernel:
+            return cls.cpu_kernel
+        return cls.default_kernel
+
     def set_kernel(self, kernel) -> None:
         """Look up with ``kernel`` (a registered name or a callable) from now on;
         the filled table is kept.  A grid cap is dropped if the new kernel takes none."""

@@ -167,9 +167,7 @@ class CaseExecutor:
             backend = self.table.backend
             backend.set_max_tokens(case.num_tokens)
             # same table, another kernel: swap the kernel, keep the filled table
-            # (the backend's functional-mode kernel on a CPU, as when it was built)
-            cls = type(backend)
-            backend.set_kernel(case.kernel or (self.device.type == "cpu" and cls.cpu_kernel) or cls.default_kernel)
+            backend.set_kernel(backend.kernel_for(backend.device, case.kernel))
             return backend
         try:
             cls = get_backend(case.impl)
