@@ -631,6 +631,10 @@ def run_report(args: argparse.Namespace) -> int:
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the reports folder cannot be made or written: bad input, named
+        print(f"ple_bench report: cannot write the report into --reports-dir {args.reports_dir}: "
+              f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""), file=sys.stderr)
+        return 2
 
     try:  # the run's summaries beside its records, as a run writes them
         from .export import write_exports  # not at the top: `-m ple_bench.report.export` runs it as __main__
