@@ -162,3 +162,27 @@ def test_a_corrupt_records_line_is_named_once_with_its_position(tmp_path, capsys
     shutil.copytree(run, copy)
     code, out, err = _cli(capsys, "compare", str(run), str(copy), "--reports-dir", str(tmp_path / "reports"))
     assert len([line for line in (out + err).splitlines() if f"{run.name}/records.jsonl:3:" in line]) == 1
+
+
+def test_the_verdicts_plot_draws_the_verdicts_rows_hbm_in_its_own_colour_and_at_most_8_entries(tmp_path):
+    from ple_bench.report.data import load_run
+    from ple_bench.report.plots import HBM_COLOR, MAX_LEGEND, _path_colors, plot_verdict_rows, verdict_rows
+
+    more = [_rec(impl, tokens, 0.30 + 0.01 * i, vocab=BIG, kernel=kernel, samples_ms=_spread(0.30 + 0.01 * i, seed=i))
+            for i, (impl, kernel) in enumerate([("pinned_uva", "triton_reference"), ("pinned_uva", "triton_tuned"),
+                                                ("pinned_uva", "torch_uva"), ("pinned_uva", "dedup_triton"),
+                                                ("pinned_copy_engine", ""), ("pinned_host_graph", ""),
+                                                ("pinned_hot_cache", "triton_tuned")])
+            for tokens in (64, 256, 512)]
+    run = load_run(_planted(tmp_path / "results", more=more))
+    entries = {e.num_tokens: e for e in verdicts(run.records)}
+    rows = verdict_rows(run)
+    (panel,) = rows.panels.values()
+    (hbm_name,) = rows.hbm_names
+    assert [(t, ms) for t, ms, _ in panel[hbm_name]] == [(t, entries[t].resident_ms) for t in (64, 256, 512)]
+    ringed = sorted((t, ms) for name, pts in panel.items() for t, ms, rests in pts if rests)
+    assert ringed == [(t, entries[t].pinned_ms) for t in (64, 256, 512)]  # the steps the verdicts rest on
+    assert len(panel) - 1 == 9  # every pinned path at this key, one line each
+    plot = plot_verdict_rows(run)
+    assert plot.legend_entries <= MAX_LEGEND < plot.series_total
+    assert HBM_COLOR not in _path_colors(run).values()
