@@ -186,3 +186,10 @@ def test_the_verdicts_plot_draws_the_verdicts_rows_hbm_in_its_own_colour_and_at_
     plot = plot_verdict_rows(run)
     assert plot.legend_entries <= MAX_LEGEND < plot.series_total
     assert HBM_COLOR not in _path_colors(run).values()
+
+
+def test_advise_on_functional_runs_says_there_is_no_performance_verdict(tmp_path, capsys):
+    run = _planted(tmp_path / "results", "20261202-120000-smoke-c0de", mode="functional")
+    code, out, err = _cli(capsys, "advise", "--table-bytes", "32GiB", "--dim", "160", "--dtype", "fp8", "--heads",
+                          "16", "--tokens", "256", "--compute-us", "200", "--runs", str(run))
+    assert code == 2 and FUNCTIONAL_TEXT in err and "faster" not in out + err

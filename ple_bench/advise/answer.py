@@ -34,7 +34,8 @@ from .compute_kind import EXAMPLES as COMPUTE_EXAMPLES
 from .compute_kind import ComputeAsk, parse_compute, records_of_compute
 from ..env import gpu_available
 from ..record import resident_figures
-from ..report.verdict import AS_FAST, EQUAL_PCT, FASTER, NO_VERDICT, Entry, candidates, interval_of, newest_verdicts, scope
+from ..report.verdict import (AS_FAST, EQUAL_PCT, FASTER, FUNCTIONAL_TEXT, NO_VERDICT, Entry, candidates, interval_of,
+                              is_functional, newest_verdicts, scope)
 from ..units import DTYPE_BYTES, BadValue, parse_size
 from ..workload import parse_ids_spec
 from .html import write_advice_html
@@ -663,6 +664,9 @@ def run_advise(args: argparse.Namespace) -> int:
                               f"({host / 2**30:.1f} GiB per node)")
 
         records, metas = load_runs(runs)
+        if is_functional(records):
+            raise AdviseError(f"{FUNCTIONAL_TEXT}: the runs given are functional (CPU) runs, whose times are the "
+                              "CPU's; give GPU runs (--runs RUN_DIR ..., e.g. docs/runs/*)")
         records = records_for_ids(records, args.ids)
         records, measured_ask, compute_notes = records_for_compute_ask(records, ask)
         steps = [r for r in records if r.get("status") == "ok" and r.get("kind") == "step"
