@@ -35,7 +35,7 @@ from .compute_kind import ComputeAsk, parse_compute, records_of_compute
 from ..env import gpu_available
 from ..record import resident_figures
 from ..report.verdict import (AS_FAST, EQUAL_PCT, FASTER, FUNCTIONAL_TEXT, NO_VERDICT, Entry, candidates, interval_of,
-                              is_functional, newest_verdicts, scope)
+                              compute_of, is_functional, newest_verdicts, scope)
 from ..units import DTYPE_BYTES, BadValue, parse_size
 from ..workload import parse_ids_spec
 from .html import write_advice_html
@@ -246,8 +246,9 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
                         key=lambda o: (not o.fits, o.timer, o.overhead_pct))
         options = _resident_options(rows, pinned, fits_hbm, every) + pinned
         ans = TokenAnswer(tokens=t, measured_tokens=measured_t, options=options)
-        entry = next((e for e in entries if (e.table_bytes, e.compute, e.ids, e.num_tokens)
-                      == (measured_table, measured_compute, chosen_ids, measured_t)), None)
+        computes_here = {compute_of(r) for r in (steps or rows)}  # decoder steps: (decoder, shape, layers, ctx)
+        entry = next((e for e in entries if (e.table_bytes, e.ids, e.num_tokens)
+                      == (measured_table, chosen_ids, measured_t) and e.compute in computes_here), None)
         if graph_modes == "replayed" and entry is not None and entry.pinned is not None \
                 and entry.pinned.get("graph", "eager") == "eager" and replayed:
             entry = None  # the verdict's step is eager: the ranking of replayed steps answers instead
