@@ -636,7 +636,7 @@ def verdict_rows(run: Run) -> VerdictRows | None:
     return VerdictRows(table, ids, computes, panels, [n for n in names if n.startswith("HBM-resident")], name_path)
 
 
-def plot_verdict_rows(run: Run, height: float = KEY_HEIGHT_IN) -> Plot | None:
+def plot_verdict_rows(run: Run, height: float = KEY_HEIGHT_IN - 0.6) -> Plot | None:
     """:func:`verdict_rows` drawn: step time vs tokens, one panel per compute length, the HBM
     reference in its own colour (:data:`HBM_COLOR`, its +-band shaded), one colour per pinned
     path, the step a verdict rests on ringed; at most :data:`MAX_LEGEND` legend entries."""
@@ -680,7 +680,7 @@ def plot_verdict_rows(run: Run, height: float = KEY_HEIGHT_IN) -> Plot | None:
     caption = ("The rows the verdict above is read from: per token count the HBM-resident step each verdict is held "
                f"against (thick black; the grey band: within {EQUAL_PCT:g} % of it) and, per pinned path, its best "
                "stable step on the same timer (one colour per path); a ring marks the step the verdict rests on.")
-    return Plot("step_vs_tokens", "The verdict's rows", caption, figure_uri(fig), section="overlap",
+    return Plot("step_vs_tokens", "The verdict's rows", caption, figure_uri(fig, PLOT_DPI), section="overlap",
                 legend_entries=n, series_total=len(names))
 
 
