@@ -448,8 +448,8 @@ def headline(entries: Sequence[Entry], functional: bool = False) -> str:
     parts = [f"{e.num_tokens} tokens {e.verdict}" + (f" ({e.ratio:.2f}" + (
         f", {e.ci_low:.2f}-{e.ci_high:.2f})" if e.ci_low is not None else ")") if e.ratio is not None else "")
         for e in at]
-    return (f"{scope_label(first.table_bytes, first.compute, dist)}: pinned host memory vs HBM "
-            f"(ratio of step times, 95 % interval; within {EQUAL_PCT:.0f} % is as fast): " + "; ".join(parts) + ".")
+    return (f"{scope_label(first.table_bytes, first.compute, dist)}: pinned / HBM step time (95 % interval): "
+            + "; ".join(parts) + ".")
 
 
 def verdict_lines(entries: Sequence[Entry], functional: bool = False) -> list[str]:
