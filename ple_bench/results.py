@@ -218,21 +218,31 @@ def read_records(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[LostLi
     return list(latest.values()), lost
 
 
+#: the lost lines already named on stderr in this process: a command that reads a run several
+#: times (the report, then its exports) names each once
+_WARNED: set[tuple[str, int]] = set()
+
+
 def warn_lost(lost: Iterable[LostLine]) -> None:
-    """Every lost line, on stderr: no reader drops one silently."""
+    """Every lost line, once per process, on stderr with its file and line: no reader drops one
+    silently, and none is named twice."""
     for x in lost:
-        print(f"warning: {x}", file=sys.stderr)
+        key = (str(Path(x.path).resolve()), x.line)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            print(f"warning: {x}", file=sys.stderr)
 
 
 def load_records(run_dir: str | Path, *, upgrade: bool = True,
-                 lost: list[LostLine] | None = None) -> list[dict[str, Any]]:
+                 lost: list[LostLine] | None = None, warn: bool = True) -> list[dict[str, Any]]:
     """Records of a run (:func:`read_records`); each line that is not a record is named on stderr
-    (and appended to ``lost`` when given).
+    (and appended to ``lost`` when given; ``warn=False``: only appended, the caller names them).
     An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/).
     ``upgrade``: records of an older schema come in the current one
     (:func:`ple_bench.record.upgrade`, with the run's ceilings); ``False``: as stored."""
     records, found = read_records(run_dir)
-    warn_lost(found)
+    if warn:
+        warn_lost(found)
     if lost is not None:
         lost.extend(found)
     if upgrade and any(r.get("schema_version") != SCHEMA_VERSION for r in records):

@@ -47,11 +47,16 @@ def test_ranked_options_recommendation_and_verdict():
     assert gather.path == "pinned_cpu_gather" and gather.baseline_ms == hbm.step_ms
     # the printed percentage is the ratio of the two printed rows
     assert gather.overhead_pct == pytest.approx(100 * (gather.step_ms / hbm.step_ms - 1))
-    assert t256.recommendation.startswith("pinned host: pinned_cpu_gather") and "+1.7 %" in t256.recommendation
-    # at 512 the fastest stable pinned step is the eager UVA one (absolute time); the noisy one is left out
-    assert t512.recommendation.startswith("HBM: the fastest pinned step (pinned_uva")
+    assert t256.recommendation.startswith("pinned host, as fast: pinned_cpu_gather") and "ratio 1.017" in t256.recommendation
+    # at 512 the lowest ratio of a stable pinned step is the eager UVA one's (0.29 / 0.2746); the noisy one is left out
+    assert t512.recommendation.startswith("HBM: the best pinned step (pinned_uva") and "is slower" in t512.recommendation
     assert all(o.step_ms != 0.20 for o in t512.options)
-    assert a.verdict == "Pinned host memory is as fast as HBM at 256 tokens; from 512 tokens HBM wins."
+    assert (t256.verdict, t512.verdict) == ("as fast", "slower")
+    assert a.verdict.startswith("Pinned host memory at 256 tokens, HBM at 512. From 512 tokens HBM wins: the best "
+                                "pinned step's time over HBM's rises from 1.017 at 256 tokens past 1.05")
+    # the same entries as the report's verdict (report/verdict.py) for this shape
+    from ple_bench.report.verdict import verdicts
+    assert a.verdicts == [e.to_json() for e in verdicts(recs) if e.table_bytes == a.measured_table_bytes]
     # only graph-replayed steps: the CPU gather answers at 512
     a = advise(table_bytes=32 * GIB, dim=160, dtype="fp8", heads=16, tokens=[512], compute_us=200, records=recs,
                graph_modes="replayed")

@@ -192,3 +192,20 @@ def test_the_ceilings_show_no_long_float_reprs(pages_1280):
     assert len(cells) > 450 and fractions
     long = [c for c in fractions if len(re.sub(r"\D", "", c.split("e")[0]).lstrip("0")) > 4]
     assert not long, long[:5]
+
+
+def test_a_cpu_functional_runs_first_screen_makes_no_performance_claim(tmp_path):
+    """A CPU smoke run's report, read as a person reads it: the text inside the first 1280 x 800
+    window says that a functional run gives no performance verdict, and nothing there says faster,
+    as fast or slower -- although its records hold pinned steps beside resident ones (timed on the
+    CPU's clock) that a GPU run's banner would rank."""
+    from ple_bench.report.verdict import FUNCTIONAL_TEXT
+    from .test_one_answer import _planted
+
+    run = _planted(tmp_path / "results", "20261202-120000-smoke-c0de", mode="functional")
+    page = build_report(run, tmp_path / "reports")
+    proc = chromium(tmp_path, "--dump-dom", page.resolve().as_uri(), window="1280,800")
+    seen = body_attributes(proc.stdout)["data-first-screen-text"]
+    assert FUNCTIONAL_TEXT in seen, seen[:2000]
+    claims = re.findall(r"\b(faster|as fast|slower|wins|beats)\b", seen, flags=re.IGNORECASE)
+    assert not claims, (claims, seen[:2000])

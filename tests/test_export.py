@@ -145,7 +145,9 @@ def test_cpu_run_and_cli(tmp_path, capsys):
 # ------------------------------------------------------------------ summaries
 
 def _markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
-    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    """summary.md's table of cases (after its verdict: the section "## Cases")."""
+    assert text.count("## Verdict") == 1 and text.index("## Verdict") < text.index("## Cases")
+    lines = [ln for ln in text.split("## Cases", 1)[1].splitlines() if ln.startswith("|")]
     split = lambda ln: [c.strip() for c in re.split(r"(?<!\\)\|", ln.strip())[1:-1]]  # noqa: E731
     assert set(lines[1].replace("|", "")) == {"-"}
     return split(lines[0]), [split(ln) for ln in lines[2:]]

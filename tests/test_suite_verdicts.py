@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from ple_bench.record import Peers, derive
+from ple_bench.report.verdict import verdicts
 from ple_bench.spec.case import resident_baselines
 from ple_bench.spec.suite import load_suite
 from tests._fake_runs import stats_fields
 
 PROD_VOCAB = 320_001_536
+PROD_BYTES = PROD_VOCAB * 160
 SHARED_TOKENS = (256, 512)
 SUITES = ("default", "paths", "faster_than_hbm")
 HOST_PATHS = {"pinned_cpu_gather", "pinned_copy_engine", "pinned_host_graph", "pinned_host_flag"}
@@ -103,18 +105,17 @@ def _records(cases, shared: set[str]) -> list[dict]:
 
 
 def _per_token(records: list[dict]) -> dict:
-    from ple_bench.report.verdict import Scope, candidates, picks
-
-    table_bytes = next(r["table_bytes"] for r in records if r["vocab_size"] == PROD_VOCAB)
-    chosen = picks(candidates(records), Scope(table_bytes, "uniform", (200.0,)), 200.0)
-    return {t: (p.record["case_id"], p.baseline_case_id, round(p.overhead_pct, 9), p.as_fast)
-            for t, p in chosen.items() if t in SHARED_TOKENS}
+    """The verdict entries at the shared keys (report/verdict.py: what every screen prints)."""
+    return {e.num_tokens: e.to_json() for e in verdicts(records)
+            if e.table_bytes == PROD_BYTES and e.compute == 200.0
+            and e.ids == "uniform" and e.num_tokens in SHARED_TOKENS}
 
 
 def test_suites_that_measured_the_same_cases_give_the_same_verdict_for_them(suites):
     shared = _shared(suites)
     alone = _per_token(_records([c for c in suites["faster_than_hbm"].cases if c.case_id in shared], shared))
     assert set(alone) == set(SHARED_TOKENS)
+    assert all(e["ci_low"] is not None and e["verdict"] != "no verdict" for e in alone.values())
     for name in SUITES:
         got = _per_token(_records(suites[name].cases, shared))
         assert got == alone, name

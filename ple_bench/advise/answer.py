@@ -25,6 +25,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,8 @@ from .compute_kind import EXAMPLES as COMPUTE_EXAMPLES
 from .compute_kind import ComputeAsk, parse_compute, records_of_compute
 from ..env import gpu_available
 from ..record import resident_figures
-from ..report.verdict import EQUAL_PCT, candidates, scope
+from ..report.verdict import (AS_FAST, EQUAL_PCT, FASTER, FUNCTIONAL_TEXT, NO_VERDICT, Entry, candidates, interval_of,
+                              compute_of, is_functional, newest_verdicts, scope)
 from ..units import DTYPE_BYTES, BadValue, parse_size
 from .html import write_advice_html
 from .model import build_model, load_runs
@@ -64,6 +66,8 @@ class Option:
     ids: str = "uniform"
     baseline_ms: float | None = None  # the HBM row it is held against (listed among the options)
     baseline_case_id: str = ""
+    ci_low: float | None = None  # the 95 % interval of step_ms / baseline_ms (report/verdict.py)
+    ci_high: float | None = None
 
 
 @dataclass
@@ -72,6 +76,9 @@ class TokenAnswer:
     measured_tokens: int
     options: list[Option] = field(default_factory=list)
     recommendation: str = ""
+    verdict: str = NO_VERDICT  # the measured verdict at this token count (report/verdict.py)
+    verdict_case_id: str = ""  # the pinned step the verdict rests on, and its run
+    verdict_run_id: str = ""
 
 
 @dataclass
@@ -90,6 +97,7 @@ class Advice:
     compute_label: str = ""  # the asked compute, in words
     measured_compute_label: str = ""  # the compute the numbers were measured with, in words
     holds_for: str = ""  # the traffic and compute the answer holds for, in words (printed first)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)  # verdict.json's entries for this shape
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +116,9 @@ def _path_name(rec: dict[str, Any]) -> str:
         name += f" · {int(rec['sm_limit'])} SMs"
     if _present(rec.get("cache_rows")) and rec.get("cache_rows"):
         name += f" · cache {int(rec['cache_rows'])} rows"
+    extra = rec.get("extra")
+    if isinstance(extra, dict) and extra:
+        name += "".join(f" · {k}={v}" for k, v in sorted(extra.items()))
     return name
 
 
@@ -121,15 +132,18 @@ def _ids_on(r: dict[str, Any]) -> str:
     return str(r["ids_on"]) if _present(r.get("ids_on")) else "device"
 
 
-def _option(r: dict[str, Any], fits_hbm: bool, fits_host: bool) -> Option:
-    """A pinned step, held against the resident figure its record names."""
+def _option(r: dict[str, Any], fits_hbm: bool, fits_host: bool,
+            every: dict[tuple[str, str], dict[str, Any]] | None = None) -> Option:
+    """A pinned step, held against the resident figure its record names (with the ratio's
+    interval where both records hold samples)."""
     base = float(r["offload_baseline_ms"])
+    lo, hi = interval_of(r, (every or {}).get((str(r.get("_run_id")), str(r.get("offload_baseline")))))
     return Option(placement="pinned host", path=_path_name(r), prefetch=bool(r.get("prefetch")), ids_on=_ids_on(r),
                   graph=str(r["graph"]) if _present(r.get("graph")) else "eager", step_ms=float(r["step_ms"]),
                   overhead_pct=100.0 * (float(r["step_ms"]) / base - 1.0), fits=fits_host,
                   case_id=str(r.get("case_id")), run_id=r["_run_id"], timer=str(r.get("timer")),
                   ids=str(r.get("ids") or "uniform"), baseline_ms=base,
-                  baseline_case_id=str(r.get("offload_baseline")))
+                  baseline_case_id=str(r.get("offload_baseline")), ci_low=lo, ci_high=hi)
 
 
 def _resident_options(rows: list[dict[str, Any]], pinned: list[Option], fits_hbm: bool,
@@ -185,6 +199,8 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
                           "(run the paths suite for this shape: python -m ple_bench run --suite paths)")
     notes: list[str] = []
     every = {(str(r.get("_run_id")), str(r.get("case_id"))): r for r in same_shape}  # baselines are per run
+    # the one verdict (report/verdict.py), each run judged on its own records, the newest per key
+    entries = newest_verdicts(same_shape)
     # the newest measurement of each case (run ids sort by date): earlier runs' figures may carry errata
     newest: dict[str, dict[str, Any]] = {}
     for r in sorted(same_shape, key=lambda r: r["_run_id"]):
@@ -216,6 +232,7 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
     if measured_compute != compute_us:
         notes.append(f"measured with {measured_compute:g} us of compute, not the asked {compute_us:g} us")
     answers = []
+    shape: list[Entry] = []
     for t in tokens:
         counts = sorted({int(r["num_tokens"]) for r in (cands or pool)})
         measured_t = _nearest(counts, t)
@@ -224,44 +241,106 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
         replayed = [r for r in steps if r.get("graph", "eager") != "eager"]
         if replayed and graph_modes == "replayed":
             steps = replayed
-        pinned = sorted((_option(r, fits_hbm, fits_host) for r in steps), key=lambda o: (not o.fits, o.step_ms))
+        # one ranking per timer (a ratio is only against the HBM row on its own timer), by ratio
+        pinned = sorted((_option(r, fits_hbm, fits_host, every) for r in steps),
+                        key=lambda o: (not o.fits, o.timer, o.overhead_pct))
         options = _resident_options(rows, pinned, fits_hbm, every) + pinned
         ans = TokenAnswer(tokens=t, measured_tokens=measured_t, options=options)
-        best = next((o for o in pinned if o.fits), None)
+        computes_here = {compute_of(r) for r in (steps or rows)}  # decoder steps: (decoder, shape, layers, ctx)
+        entry = next((e for e in entries if (e.table_bytes, e.ids, e.num_tokens)
+                      == (measured_table, chosen_ids, measured_t) and e.compute in computes_here), None)
+        if graph_modes == "replayed" and entry is not None and entry.pinned is not None \
+                and entry.pinned.get("graph", "eager") == "eager" and replayed:
+            entry = None  # the verdict's step is eager: the ranking of replayed steps answers instead
+        ans.verdict = entry.verdict if entry is not None else NO_VERDICT
+        if entry is not None and entry.pinned is not None:
+            ans.verdict_case_id, ans.verdict_run_id = str(entry.pinned_case_id), str(entry.pinned.get("_run_id"))
+        if entry is not None:
+            shape.append(entry)
+        best = _best(ans)
         if best is None:
-            ans.recommendation = ("HBM" if fits_hbm else "no measured pinned option fits") + \
-                ": no stable pinned step with a resident baseline was measured at this shape"
+            why = entry.reason if entry is not None and entry.reason else \
+                "no stable pinned step with a resident baseline was measured at this shape"
+            ans.recommendation = ("HBM" if fits_hbm else "no measured pinned option fits") + f": {why}"
         else:
-            vs = (f"{best.step_ms:.4f} ms vs HBM {best.baseline_ms:.4f} ms ({best.timer}), "
-                  f"{best.overhead_pct:+.1f} %")
+            ci = (f" (95 % CI {best.ci_low:.3f}-{best.ci_high:.3f})" if best.ci_low is not None else "")
+            vs = f"{best.step_ms:.4f} ms vs HBM {best.baseline_ms:.4f} ms ({best.timer}), ratio {best.step_ms / best.baseline_ms:.3f}{ci}"
             what = f"{best.path}, ids on the {best.ids_on}, {best.graph}, prefetch {'on' if best.prefetch else 'off'}"
+            word = entry.verdict if entry is not None else ("as fast" if best.overhead_pct <= EQUAL_PCT else "slower")
             if not fits_hbm:
                 ans.recommendation = f"pinned host (the table does not fit the HBM budget): {what}: {vs}"
-            elif best.overhead_pct <= EQUAL_PCT:
-                ans.recommendation = (f"pinned host: {what}: {vs} -- frees the table's "
+            elif word in (FASTER, AS_FAST):
+                ans.recommendation = (f"pinned host, {word}: {what}: {vs} -- frees the table's "
                                       f"{table_bytes / 2**30:.1f} GiB of HBM")
             else:
-                ans.recommendation = f"HBM: the fastest pinned step ({what}) is {vs}"
+                ans.recommendation = f"HBM: the best pinned step ({what}) is {word}: {vs}"
         if measured_t != t:
             ans.recommendation += f" (measured at {measured_t} tokens)"
         answers.append(ans)
     verdict = _verdict(answers, fits_hbm)
-    return Advice(table_bytes, measured_table, compute_us, measured_compute, answers, verdict, notes, ids=chosen_ids)
+    unique = list({id(e): e for e in shape}.values())
+    return Advice(table_bytes, measured_table, compute_us, measured_compute, answers, verdict, notes, ids=chosen_ids,
+                  verdicts=[e.to_json() for e in unique])
+
+
+def _flip(answers: list[TokenAnswer]) -> str:
+    """Where the answer flips, in a clause: the best pinned step's ratio crossing the band's edge
+    between two token counts."""
+    host = {FASTER, AS_FAST}
+    for a, b in zip(answers, answers[1:]):
+        if (a.verdict in host) == (b.verdict in host) or NO_VERDICT in (a.verdict, b.verdict):
+            continue
+        ra, rb = _best_ratio(a), _best_ratio(b)
+        if ra is None or rb is None:
+            continue
+        edge = 1 + EQUAL_PCT / 100
+        up = b.verdict not in host
+        return (f" From {b.tokens} tokens {'HBM' if up else 'pinned host memory'} wins: the best pinned step's time "
+                f"over HBM's {'rises' if up else 'falls'} from {ra:.3f} at {a.tokens} tokens "
+                f"{'past' if up else 'under'} {edge:.2f} (HBM + {EQUAL_PCT:.0f} %) to {rb:.3f} at {b.tokens} "
+                f"({'its lookup stops hiding behind the compute' if up else 'the compute hides its lookup again'}).")
+    return ""
+
+
+def _best(a: TokenAnswer) -> Option | None:
+    """The pinned row the verdict rests on (report/verdict.py), else (no verdict there, or it
+    does not fit its budget) the fitting row with the lowest ratio."""
+    rows = [o for o in a.options if o.placement == "pinned host" and o.baseline_ms]
+    named = next((o for o in rows if (o.case_id, o.run_id) == (a.verdict_case_id, a.verdict_run_id) and o.fits), None)
+    fitting = [o for o in rows if o.fits]
+    return named or (min(fitting, key=lambda o: o.step_ms / o.baseline_ms) if fitting else None)
+
+
+def _best_ratio(a: TokenAnswer) -> float | None:
+    best = _best(a)
+    return best.step_ms / best.baseline_ms if best is not None else None
 
 
 def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
-    host = [a.tokens for a in answers if a.recommendation.startswith("pinned host")]
-    hbm = [a.tokens for a in answers if a.recommendation.startswith("HBM")]
+    """The measured headline, from each token count's verdict (report/verdict.py)."""
+    host = [a.tokens for a in answers if a.verdict in (FASTER, AS_FAST)]
+    hbm = [a.tokens for a in answers if a.verdict not in (FASTER, AS_FAST, NO_VERDICT)]
+    none = [a.tokens for a in answers if a.verdict == NO_VERDICT]
+    def said(a: TokenAnswer) -> str:
+        b = _best(a)
+        if b is None or a.verdict == NO_VERDICT:
+            return f"{a.tokens} tokens {a.verdict}"
+        ci = f", 95 % CI {b.ci_low:.3f}-{b.ci_high:.3f}" if b.ci_low is not None else ""
+        return f"{a.tokens} tokens {a.verdict} ({b.step_ms / b.baseline_ms:.3f}{ci})"
+    words = "; ".join(said(a) for a in answers)
+    tail = f" Measured, per token count (pinned / HBM): {words}."
     if not fits_hbm:
-        return "The table does not fit the HBM budget: pinned host memory, with the path ranked first below."
+        return "The table does not fit the HBM budget: pinned host memory, with the path ranked first below." + tail
+    if none and not host and not hbm:
+        return "No verdict: no stable pinned step with a resident baseline was measured at the asked shape." + tail
     if host and not hbm:
-        return f"Keep the table in pinned host memory: as fast as HBM (within {EQUAL_PCT:.0f} %) at every asked token count."
+        return (f"Keep the table in pinned host memory: as fast as HBM (interval within {EQUAL_PCT:.0f} %) or "
+                f"faster at {', '.join(map(str, host))} tokens." + tail)
     if hbm and not host:
-        return (f"Keep the table in HBM: no measured pinned path is within {EQUAL_PCT:.0f} % of it at the asked "
-                "token counts.")
-    return (f"Pinned host memory is as fast as HBM at {', '.join(map(str, host))} tokens; "
-            f"from {min(hbm)} tokens HBM wins." if host and hbm and min(hbm) > max(host) else
-            f"Mixed: pinned host memory at {', '.join(map(str, host))} tokens, HBM at {', '.join(map(str, hbm))}.")
+        return (f"Keep the table in HBM: no measured pinned path is within {EQUAL_PCT:.0f} % of it at "
+                f"{', '.join(map(str, hbm))} tokens." + tail)
+    return (f"Pinned host memory at {', '.join(map(str, host))} tokens, HBM at {', '.join(map(str, hbm))}."
+            + _flip(answers) + tail)
 
 
 def _pct_err(st: dict[str, Any], what: str) -> str:
@@ -347,6 +426,65 @@ def format_text(a: Advice) -> str:
     return "\n".join(lines)
 
 
+#: the short answer's width (its tables and wrapped sentences)
+SHORT_WIDTH = 120
+
+
+def _wrap(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, SHORT_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_on_hyphens=False) or [""]
+
+
+def _ratio_text(o: Option) -> str:
+    if not o.baseline_ms:
+        return ""
+    r = o.step_ms / o.baseline_ms
+    return f"{r:.3f} ({o.ci_low:.3f}-{o.ci_high:.3f})" if o.ci_low is not None else f"{r:.3f} (no samples)"
+
+
+def format_short(a: Advice) -> str:
+    """The answer in at most :data:`SHORT_WIDTH` columns: the headline (measured where measured),
+    then per token count one ranking per timer -- the HBM row and the best row of each pinned path,
+    each ratio with its 95 % interval (``--all``: every row, :func:`format_text`)."""
+    lines: list[str] = []
+    if a.holds_for:
+        lines += _wrap(a.holds_for) + [""]
+    lines += _wrap(a.verdict)
+    if a.model is not None and a.model.verdict != a.verdict and any(x.verdict == NO_VERDICT for x in a.answers):
+        lines += _wrap("The what-if model (predicted; --all prints its rows and errors): " + a.model.verdict)
+    compute = (f"compute {a.compute_label} (measured {a.measured_compute_label})" if a.compute_label else
+               f"compute {a.compute_us:g} us (measured {a.measured_compute_us:g} us)")
+    lines += [""] + _wrap(f"table {a.table_bytes / 2**30:.1f} GiB (measured {a.measured_table_bytes / 2**30:.1f} GiB), "
+                          f"{compute}; every row below is measured; pinned / HBM: the step's ratio to the HBM row of "
+                          "its timer, with its 95 % bootstrap interval; --all prints every row")
+    for n in a.notes:
+        lines += _wrap(f"note: {n}")
+    for ans in a.answers:
+        lines += [""] + _wrap(f"{ans.tokens} tokens per step (measured at {ans.measured_tokens}): {ans.recommendation}")
+        pinned = [o for o in ans.options if o.placement == "pinned host"]
+        best = _best(ans)
+        rankings = sorted({(o.timer, o.run_id) for o in pinned},
+                          key=lambda k: (best is None or k != (best.timer, best.run_id),
+                                         min(o.overhead_pct for o in pinned if (o.timer, o.run_id) == k)))
+        for timer, run_id in rankings:
+            mine = sorted((o for o in pinned if (o.timer, o.run_id) == (timer, run_id)), key=lambda o: o.overhead_pct)
+            hbm = [o for o in ans.options if o.placement == "HBM" and (o.timer, o.run_id) == (timer, run_id)
+                   and o.step_ms == mine[0].baseline_ms]
+            by_path: dict[str, Option] = {}
+            for o in mine:
+                by_path.setdefault(o.path, o)
+            rows = hbm[:1] + list(by_path.values())
+            lines += _wrap(f"ranked on the {timer} timer, run {run_id}:", "  ")
+            lines.append(f"    {'placement':<11} {'path':<36} {'ids on':<6} {'graph':<9} "
+                         f"{'step ms':>8} {'HBM ms':>8}  pinned / HBM (95 % CI)")
+            for o in rows:
+                base = "" if o.baseline_ms is None else f"{o.baseline_ms:.4f}"
+                fits = " (over budget)" if not o.fits else ""
+                lines.append(f"    {o.placement[:11]:<11} {o.path[:36]:<36} {o.ids_on:<6} {o.graph:<9} "
+                             f"{o.step_ms:8.4f} {base:>8}  {_ratio_text(o)}{fits}".rstrip()[:SHORT_WIDTH])
+    return "\n".join(lines)
+
+
 def add_advise_args(p: argparse.ArgumentParser) -> None:
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--table-bytes", help="table size, e.g. 47.7GiB or 51200286720")
@@ -380,7 +518,11 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph", choices=["replayed", "any"], default="any",
                    help="rank every stable pinned step by its step time (default), or only graph-replayed ones "
                         "where the runs have them")
-    p.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of text (its 'verdicts': the "
+                                                       "verdict.json entries of the asked shape)")
+    p.add_argument("--all", action="store_true",
+                   help="print every row (every measured step, the model's every prediction); default: per token "
+                        "count the HBM row and the best row of each pinned path, one ranking per timer")
     serve = p.add_argument_group("serving (--model): tokens/s and TPOT per placement at the batch each holds")
     serve.add_argument("--model", help="a model preset (ple_bench.serving.models: e.g. qwen3-8b, qwen3-32b, tiny): "
                                        "answer what the placement buys in tokens/s and TPOT, from serve records "
@@ -600,6 +742,9 @@ def run_advise(args: argparse.Namespace) -> int:
                               f"({host / 2**30:.1f} GiB per node)")
 
         records, metas = load_runs(runs)
+        if is_functional(records):
+            raise AdviseError(f"{FUNCTIONAL_TEXT}: the runs given are functional (CPU) runs, whose times are the "
+                              "CPU's; give GPU runs (--runs RUN_DIR ..., e.g. docs/runs/*)")
         records = records_for_ids(records, args.ids)
         records, measured_ask, compute_notes = records_for_compute_ask(records, ask)
         steps = [r for r in records if r.get("status") == "ok" and r.get("kind") == "step"
@@ -621,12 +766,19 @@ def run_advise(args: argparse.Namespace) -> int:
                                         tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm,
                                         host_bytes=host, graph_modes=args.graph,
                                         compute_words=measured_ask.label if ask.kind == "decoder" else None)
-            advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
+            # never a predicted figure in the headline where a measured one exists: the model's verdict
+            # leads only where nothing was measured at the asked shape, or a what-if was asked
+            asked_what_if = args.etp > 1 or args.nodes > 1 or args.host_cores is not None
+            if asked_what_if or all(a.verdict == NO_VERDICT for a in advice.answers):
+                advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
         scoped_verdict(advice)
         if args.html:
             write_advice_html(advice, args, Path(args.html))
     except AdviseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
-    print(json.dumps(advice.to_json(), indent=1) if args.json else format_text(advice))
+    if args.json:
+        print(json.dumps(advice.to_json(), indent=1))
+    else:
+        print(format_text(advice) if getattr(args, "all", False) else format_short(advice))
     return 0

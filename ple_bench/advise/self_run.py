@@ -23,6 +23,7 @@ from ..measure import TimingPolicy
 from ..results import ensure_writable_dir
 from ..run.loop import RunOptions, run_suite
 from ..spec.suite import load_suite
+from ..report.verdict import FUNCTIONAL_TEXT
 
 SUITE_TEMPLATE = """# written by `python -m ple_bench advise` for the asked shape
 [suite]
@@ -145,7 +146,7 @@ def self_run(args: argparse.Namespace, table_bytes: int, tokens: list[int]) -> l
               f"(advise --runs {summary.run_dir} ranks them once they are all there)", file=sys.stderr)
         return EXIT_INTERRUPTED
     if not gpu:
-        print(f"advise: functional check done ({summary.counts['ok']} ok, {summary.counts['failed']} failed, "
-              f"{summary.counts['invalid']} invalid); nothing ranked: no GPU timings")
+        print(f"advise: {FUNCTIONAL_TEXT} (functional check done: {summary.counts['ok']} ok, "
+              f"{summary.counts['failed']} failed, {summary.counts['invalid']} invalid; nothing ranked: no GPU timings)")
         return summary.exit_code
     return [str(summary.run_dir)]

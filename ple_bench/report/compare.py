@@ -107,6 +107,8 @@ from typing import Any, Sequence, Union
 from .data import (AXES, BadRunError, Run, case_label, fmt, load_run, measured_samples,
                    median_or_stored, run_median, unflagged_throttled, varying_axes)
 from .history import run_history
+from .verdict import headline as offload_headline
+from .verdict import is_functional, verdicts
 from .html import Column, render_page
 import numpy as np
 
@@ -239,6 +241,16 @@ class CompareResult:
         if self.regressions and not self.advisory:
             return 1
         return 0
+
+    def offload_verdicts(self) -> list[str]:
+        """Each run's offload verdict (report/verdict.py: the headline its report and advise print),
+        baselines first: ``"<side> <run>: <headline>"``."""
+        out = []
+        for label, side in (("baseline", self.baselines), ("candidate", self.candidates)):
+            for run in side:
+                out.append(f"{label} {run.path.name}: "
+                           + offload_headline(verdicts(run.records), is_functional(run.records) or run.functional))
+        return out
 
     def summary(self) -> str:
         counts = {v: len(self.with_verdict(v)) for v in VERDICTS if v != "broken"}
@@ -414,7 +426,9 @@ def compare_runs(baseline_dirs: PathLike | Sequence[PathLike], candidate_dirs: P
     if not bdirs or not cdirs:
         raise ValueError("give at least one baseline run and one candidate run")
     _check_options(threshold_pct, alpha, p_adjust)
-    return compare_loaded([load_run(d) for d in bdirs], [load_run(d) for d in cdirs], threshold_pct, alpha,
+    # its warnings name each lost line (printed with the table): not on stderr a second time
+    return compare_loaded([load_run(d, warn=False) for d in bdirs], [load_run(d, warn=False) for d in cdirs],
+                          threshold_pct, alpha,
                           min_samples, p_adjust, strict_pooled)
 
 
@@ -575,9 +589,15 @@ def _runs_tag(runs: Sequence[Run]) -> str:
     return runs[0].run_id + (f"+{len(runs) - 1}" if len(runs) > 1 else "")
 
 
+def _folders_tag(runs: Sequence[Run]) -> str:
+    name = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in runs[0].path.name) or "run"
+    return name + (f"+{len(runs) - 1}" if len(runs) > 1 else "")
+
+
 def default_html_name(result: CompareResult) -> str:
-    """``compare-BASE-vs-CAND.html``; with several runs a side, the first one's id and ``+N`` more."""
-    return f"compare-{_runs_tag(result.baselines)}-vs-{_runs_tag(result.candidates)}.html"
+    """``compare-BASE-vs-CAND.html`` named after the run FOLDERS (a copy of a run shares its
+    meta.json's run id, not its folder name); with several runs a side, the first one and ``+N``."""
+    return f"compare-{_folders_tag(result.baselines)}-vs-{_folders_tag(result.candidates)}.html"
 
 
 def rule_text(result: CompareResult) -> str:
@@ -654,6 +674,7 @@ def format_table(result: CompareResult, show_all: bool = False) -> str:
         lines.append(result.advisory_text)
     elif result.caveat:
         lines.append(f"note: {result.caveat}")
+    lines += [f"offload verdict, {v}" for v in result.offload_verdicts()]
     lines.append(result.summary())
     return "\n".join(lines)
 
@@ -711,6 +732,7 @@ def write_compare_html(result: CompareResult, out: str | Path) -> Path:
     html = render_page(
         "compare.html", base_id=ids(result.baselines), cand_id=ids(result.candidates),
         base_device=devices(result.baselines), cand_device=devices(result.candidates), summary=result.summary(),
+        offload=result.offload_verdicts(),
         banner_class=banner, threshold=f"{result.threshold_pct:g}", alpha=f"{result.alpha:g}",
         min_samples=MIN_SAMPLES, min_runs=MIN_RUNS, mode=result.mode, n_base=len(result.baselines),
         n_cand=len(result.candidates), caveat=result.caveat, advisory=result.advisory,
@@ -783,7 +805,8 @@ def markdown_summary(result: CompareResult) -> str:
     """The summary line, the rule, any advisory and warnings, then the :func:`summary_frame` table."""
     df = summary_frame(result)
     lines = [f"## ple_bench compare: {_runs_tag(result.baselines)} vs {_runs_tag(result.candidates)}", "",
-             f"**{result.summary()}**", "", f"Rule: {rule_text(result)}."]
+             f"**{result.summary()}**", "", f"Rule: {rule_text(result)}.", ""]
+    lines += [f"- offload verdict, {v}" for v in result.offload_verdicts()]
     if result.advisory_text:
         lines += ["", f"*{result.advisory_text}.*"]
     if result.warnings:
@@ -865,6 +888,9 @@ def run_compare(args: argparse.Namespace) -> int:
     out = args.out or Path(args.reports_dir) / default_html_name(result)
     try:
         print(f"HTML diff: {write_compare_html(result, out)}")
+    except OSError as exc:  # the verdict above stands: its exit code is kept
+        print(f"ple_bench compare: warning: HTML diff not written to {out}: {exc.strerror or exc}", file=sys.stderr)
+    try:
         if args.markdown:
             print(f"markdown: {write_markdown(result, args.markdown)}")
         if args.csv:

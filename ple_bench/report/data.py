@@ -134,8 +134,9 @@ class Run:
         return str(self.meta.get("started_at") or "")
 
 
-def load_run(run_dir: str | Path) -> Run:
-    """Load a run; raises :class:`BadRunError` with a plain reason when it is not one."""
+def load_run(run_dir: str | Path, warn: bool = True) -> Run:
+    """Load a run; raises :class:`BadRunError` with a plain reason when it is not one.  ``warn``:
+    name its lost lines on stderr (``False``: the caller names them, as compare's warnings do)."""
     path = Path(run_dir)
     if not path.exists():
         raise BadRunError(f"{path}: no such run directory")
@@ -146,7 +147,7 @@ def load_run(run_dir: str | Path) -> Run:
     try:
         meta = load_meta(path)
         lost: list[LostLine] = []
-        records = load_records(path, lost=lost)
+        records = load_records(path, lost=lost, warn=warn)
     except (OSError, ValueError) as exc:
         raise BadRunError(f"{path}: unreadable run ({exc})") from exc
     return Run(path=path, meta=meta, records=[normalize(r) for r in records], lost=lost)

@@ -1,6 +1,8 @@
 """Machine-readable exports of a stored run, built from its records alone.
 
-* ``results/<run_id>/summary.md``: one markdown table row per case — the axes that vary in the
+* ``results/<run_id>/verdict.json``: the one verdict (:mod:`ple_bench.report.verdict`), per
+  table, compute, id distribution and token count;
+* ``results/<run_id>/summary.md``: the verdict first (as the report's banner says it), then one markdown table row per case — the axes that vary in the
   run as columns, then time ms, noise %, GB/s, % of ceiling, status — for a pull request or a
   chat (as nvbench's and asv's markdown summaries);
 * ``results/<run_id>/summary.csv``: every record's main fields (:data:`SUMMARY_FIELDS`), one
@@ -38,6 +40,7 @@ from ..spec.case import Case
 from .data import (
     ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
 )
+from .verdict import compute_label, headline, verdicts, write_verdict_json
 
 # Scalar record fields carried along in each benchmark's extra_info: the schema's
 # (ple_bench/record.py) scalar measurement fields, lookups' and steps'.
@@ -208,7 +211,8 @@ def summary_markdown(run: Run) -> str:
     """summary.md: a heading naming the run, then one row per record, in the order they were run."""
     axes = summary_axes(run)
     headers = [_MD_HEADERS.get(a, a) for a in axes] + ["time ms", "noise %", "GB/s", "% of ceiling", "status"]
-    lines = [f"# ple_bench run {run.run_id}", ""] + serving_markdown(run) + [
+    lines = [f"# ple_bench run {run.run_id}", ""] + serving_markdown(run)
+    lines += ["## Verdict", ""] + verdict_markdown(run) + ["", "## Cases", "",
              f"suite `{run.suite}`, mode {run.mode}, {len(run.records)} records; time: the median "
              "(a step's: the step); noise: the half-width of the median's 95 % confidence interval, % of it; "
              "GB/s and % of ceiling: lookups only (`pct_of_ceiling`, against the record's `ceiling`).", "",
@@ -243,7 +247,30 @@ def serving_markdown(run: Run) -> list[str]:
     lines = ["## What the placement buys", ""] + [f"- {a.sentence()}" for a in answers] + [""]
     lines += ["| " + " | ".join(SUMMARY_HEADERS) + " |", "|" + "|".join("---" for _ in SUMMARY_HEADERS) + "|"]
     lines += ["| " + " | ".join(_md_cell(c) for c in a.summary_cells()) + " |" for a in answers]
-    return lines + ["", "## Every case", ""]
+    return lines + [""]
+
+
+def verdict_markdown(run: Run) -> list[str]:
+    """summary.md's verdict: the headline, then one row per (table, compute, ids, tokens) with the
+    pinned and the resident figure it compares (their case ids: the HBM figure may be the full
+    graph inside a breakable record)."""
+    entries = verdicts(run.records)
+    lines = [headline(entries, run.functional)]
+    if not entries:
+        return lines
+    headers = ["table", "compute", "ids", "tokens", "verdict", "pinned / HBM (95 % CI)", "pinned step", "ms",
+               "HBM step", "ms"]
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for e in entries:
+        if e.ratio is None:
+            cells = [fmt_bytes(e.table_bytes), compute_label(e.compute), e.ids, str(e.num_tokens), e.verdict,
+                     e.reason or "", "", "", "", ""]
+        else:
+            cells = [fmt_bytes(e.table_bytes), compute_label(e.compute), e.ids, str(e.num_tokens), e.verdict,
+                     e.ratio_text, f"{e.pinned_case_id} ({e.path})", f"{e.pinned_ms:.4f}",
+                     f"{e.resident_case_id} ({e.resident_graph} graph, {e.timer})", f"{e.resident_ms:.4f}"]
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return lines
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -262,8 +289,10 @@ def write_summaries(run_dir: str | Path) -> list[Path]:
 
 
 def write_exports(run_dir: str | Path) -> list[Path]:
-    """Every export of a run beside its records: summary.md, summary.csv, pytest-benchmark.json."""
-    return write_summaries(run_dir) + [write_pytest_benchmark_json(run_dir)]
+    """Every export of a run beside its records: verdict.json, summary.md, summary.csv,
+    pytest-benchmark.json."""
+    verdict = write_verdict_json(run_dir, load_run(run_dir).records)
+    return [verdict] + write_summaries(run_dir) + [write_pytest_benchmark_json(run_dir)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, pairs, points, single_rank,
     status_counts, topology,
 )
-from .verdict import banner
+from .verdict import verdict_lines, verdicts
 from .sections import (
     WORKLOAD_AXES, decode_steps, hit_rate, path_groups, path_of, step_config_axes,
     step_config_label, workload_label,
@@ -547,11 +547,14 @@ def graph_and_cache_findings(run: Run) -> list[Finding]:
 
 
 def offload_answer_findings(run: Run) -> list[Finding]:
-    """The one-sentence answer (:func:`ple_bench.report.verdict.banner`: per token count the
-    fastest stable pinned step against the resident step a server would run instead, at one
-    table size, id distribution and compute length, and the compute it holds from)."""
-    text = banner(run.records)
-    return [Finding("answer", text, group="overlap")] if text else []
+    """The answer (:func:`ple_bench.report.verdict.verdicts`: per table, compute, id distribution
+    and token count, the best stable pinned step against the resident step a server would run
+    instead, its ratio's 95 % interval and the verdict read off it), as every screen prints it."""
+    entries = verdicts(run.records)
+    if not entries:
+        return []
+    lines = verdict_lines(entries)
+    return [Finding("answer", lines[0] + " " + " ".join(line.strip() for line in lines[1:]), group="overlap")]
 
 
 def noise_findings(run: Run) -> list[Finding]:

@@ -9,6 +9,7 @@ from typing import Callable
 from .data import Run
 from .plots import (
     Plot, plot_bandwidth, plot_latency_vs_tokens, plot_paths, plot_step_overlap, plot_step_vs_tokens, plot_topology,
+    plot_verdict_rows,
 )
 from .plots_traffic import plot_decoder, plot_traffic
 
@@ -21,7 +22,8 @@ def make_plots(run: Run) -> list[Plot]:
         lambda: plot_topology(run),
         lambda: plot_paths(run),
         lambda: plot_step_overlap(run),
-        lambda: plot_step_vs_tokens(run),
+        # the verdict's own rows under the banner; the scoped step plot where there is no verdict
+        lambda: plot_verdict_rows(run) or plot_step_vs_tokens(run),
         lambda: plot_step_vs_tokens(run, scoped=False),
         lambda: plot_traffic(run),
         lambda: plot_decoder(run),

@@ -30,7 +30,7 @@ from .data import (
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
 from ..serving.slo import SUMMARY_HEADERS
 from .sections import decode_steps, hit_rate, path_groups, path_of, serving_answers, served_steps, step_config_axes
-from .verdict import verdict as verdict_parts
+from .verdict import EQUAL_PCT, entry_text, first_scope, headline, scope_label, verdicts
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATUS_ORDER = ("ok", "skipped", "failed", "invalid")
@@ -567,7 +567,10 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
     ceiling_cols, ceiling_rows, ceiling_notes = machine_ceilings(run)
     trend = build_trend(run, history_dirs) if history_dirs else None
     all_findings = findings(run)
-    verdict = next((f.text for f in all_findings if f.topic == "answer"), None)
+    entries = verdicts(run.records)  # the one verdict (report/verdict.py), as every screen prints it
+    answer = first_scope(entries)
+    other_verdicts = [f"{scope_label(e.table_bytes, e.compute, e.ids)}: {entry_text(e)}"
+                      for e in entries if e not in answer]
     finding_groups = [(GROUP_TITLES[g], [f for f in all_findings if f.group == g])
                       for g in GROUP_TITLES if any(f.group == g for f in all_findings)]
     plots = make_plots(run)
@@ -583,7 +586,8 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
         findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), run_line=run_line(run),
         ceiling_columns=ceiling_cols, ceiling_rows=ceiling_rows, ceiling_notes=ceiling_notes,
         case_ceilings=per_case_ceilings(run),
-        verdict=verdict, answer=verdict_parts(run.records), key_plots=top, key_findings=key_findings(all_findings), n_findings=len(all_findings),
+        headline=headline(entries, run.functional), answer=answer, other_verdicts=other_verdicts,
+        equal_pct=EQUAL_PCT, key_plots=top, key_findings=key_findings(all_findings), n_findings=len(all_findings),
         plots=[p for p in plots if p.section == "general"],
         path_plots=[p for p in plots if p.section == "paths"], path_columns=path_cols, path_rows=path_rows,
         step_plots=[p for p in plots if p.section == "overlap"], step_columns=step_cols, step_rows=step_rows,
@@ -672,6 +676,10 @@ def run_report(args: argparse.Namespace) -> int:
         path = build_report(args.run_dir, args.reports_dir, history or None)
     except BadRunError as exc:
         print(f"ple_bench report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the reports folder cannot be made or written: bad input, named
+        print(f"ple_bench report: cannot write the report into --reports-dir {args.reports_dir}: "
+              f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""), file=sys.stderr)
         return 2
 
     try:  # the run's summaries beside its records, as a run writes them

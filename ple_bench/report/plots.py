@@ -25,7 +25,7 @@ from .data import (
     topology_label,
 )
 from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
-from .verdict import candidates, scope
+from .verdict import EQUAL_PCT, candidates, compute_label, first_scope, key_of, scope, verdicts
 
 DPI = 96  # the advise page's inline plots
 # The report's plots: drawn for the page's full width (WIDTH_IN inches at 96 px/inch, about 1230 px)
@@ -222,6 +222,36 @@ def _figure_legend(fig: Figure, axes: Sequence[Any], title: str | None = None) -
     return len(handles)
 
 
+#: a ceiling's name in words (the plots' labels), by the stored name's stem
+CEILING_WORDS = {"h2d_gbps": "host-to-device copy", "d2h_gbps": "device-to-host copy", "d2d_gbps": "HBM copy",
+                 "pinned_random_row_gbps": "random rows from pinned memory",
+                 "device_random_row_gbps": "random rows from HBM", "host_memcpy_gbps": "host memcpy"}
+
+
+def ceiling_words(name: str) -> str:
+    """``pinned_random_row_gbps_160B`` -> ``random rows from pinned memory (160 B rows)``."""
+    for stem, words in CEILING_WORDS.items():
+        if name == stem:
+            return words
+        if name.startswith(stem + "_") and name.endswith("B") and name[len(stem) + 1:-1].isdigit():
+            return f"{words} ({name[len(stem) + 1:-1]} B rows)"
+    return name.replace("_gbps", "").replace("_", " ")
+
+
+def _ceiling_lines(ax: Any, hits: Sequence[tuple[str, float]], color: str = "0.35") -> None:
+    """Each ceiling a dashed line with its name in words at the left, on a white box so no line
+    crosses it; of two ceilings within a factor 1.6 the lower one's label goes under its line."""
+    hits = sorted(hits, key=lambda kv: kv[1])
+    for i, (name, value) in enumerate(hits):
+        ax.axhline(value, color=color, linestyle=(0, (4, 2 + i)), linewidth=1)
+        close_above = i + 1 < len(hits) and hits[i + 1][1] < value * 1.6
+        ax.annotate(f"{ceiling_words(name)}: {fmt(value, 3)} GB/s", xy=(0.005, value),
+                    xycoords=("axes fraction", "data"), xytext=(2, -2 if close_above else 2),
+                    textcoords="offset points", ha="left", va="top" if close_above else "bottom", fontsize=7,
+                    color="0.2", bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none",
+                                       "alpha": 0.85})
+
+
 def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> None:
     """H2D copy and random-row ceilings at the records' row size (pinned and/or device)."""
     names: dict[str, float] = {}
@@ -237,10 +267,7 @@ def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> 
         hit = run.row_ceiling("device_random_row_gbps", rb)
         if hit:
             names[hit[0]] = hit[1]
-    for i, (name, value) in enumerate(sorted(names.items(), key=lambda kv: kv[1])):
-        ax.axhline(value, color="0.35", linestyle=(0, (4, 2 + i)), linewidth=1)
-        ax.annotate(f"{name} {fmt(value, 3)} GB/s", xy=(0.995, value), xycoords=("axes fraction", "data"),
-                    ha="right", va="bottom", fontsize=7, color="0.25")
+    _ceiling_lines(ax, list(names.items()))
 
 
 def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | None:
@@ -413,13 +440,8 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
                     axes[1].bar(xpos, speed, width=width, color=colors[path_of(r)], label=path_of(r))
         rbs = {num(g.fastest.get("row_bytes")) for g in groups}
         rb = rbs.pop() if len(rbs) == 1 else None
-        for i, base in enumerate(("h2d_gbps", "pinned_random_row_gbps")):
-            hit = run.row_ceiling(base, rb)
-            if hit:
-                axes[0].axhline(hit[1], color="0.3", linestyle=(0, (4, 2 + 2 * i)), linewidth=1)
-                axes[0].annotate(f"{hit[0]} {fmt(hit[1], 3)} GB/s", xy=(0.995, hit[1]),
-                                 xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=7,
-                                 color="0.2")
+        hits = [run.row_ceiling(base, rb) for base in ("h2d_gbps", "pinned_random_row_gbps")]
+        _ceiling_lines(axes[0], [(h[0], h[1]) for h in hits if h], color="0.3")
         axes[0].set_yscale("log")
         _log_value_ticks(axes[0].yaxis, [p.get_height() for p in axes[0].patches])
         axes[0].set_ylabel("GB/s (log scale)")
@@ -554,6 +576,112 @@ def plot_step_overlap(run: Run) -> list[Plot]:
             f"step_overlap_t{int(tokens)}", f"Overlap at {int(tokens)} tokens", caption, uri, section="overlap",
             legend_entries=n, series_total=total)))
     return out
+
+
+#: the HBM reference's colour in the verdict's plot: no path gets it (paths take C0..C9)
+HBM_COLOR = "black"
+
+
+@dataclass
+class VerdictRows:
+    """What :func:`plot_verdict_rows` draws: per compute, per line name, (tokens, step ms, the
+    verdict rests on it) points; the HBM reference's line names; each line's path (its colour)."""
+
+    table_bytes: int
+    ids: str
+    computes: list[Any]
+    panels: dict[Any, dict[str, list[tuple[float, float, bool]]]]
+    hbm_names: list[str]
+    name_path: dict[str, str]
+
+
+def verdict_rows(run: Run) -> VerdictRows | None:
+    """The verdict's own rows (report/verdict.py), as the banner states them: at the verdict's
+    table and id distribution, the two longest compute lengths, per token count the HBM reference
+    each verdict is held against (the resident figure on the verdict's timer) and per pinned path
+    its best stable step on that timer.  None without verdicts."""
+    entries = [e for e in verdicts(run.records) if e.ratio is not None]
+    if not entries:
+        return None
+    head = first_scope(entries) or entries[:1]
+    table, ids = head[0].table_bytes, head[0].ids
+    computes = [c for c in dict.fromkeys(e.compute for e in entries if (e.table_bytes, e.ids) == (table, ids))][:2]
+    at = {(e.compute, e.num_tokens): e for e in entries if (e.table_bytes, e.ids) == (table, ids)}
+    if len({t for (_c, t) in at}) < 2:
+        return None
+    cands = candidates(run.records)
+    name_path: dict[str, str] = {}  # a line's name -> its path (its colour: variants of a path share it)
+    panels: dict[Any, dict[str, list[tuple[float, float, bool]]]] = {}
+    for c in computes:
+        lines: dict[str, list[tuple[float, float, bool]]] = {}
+        hbm = sorted((float(t), float(e.resident_ms), False) for (cc, t), e in at.items() if cc == c)
+        timers = sorted({str(e.timer) for (cc, _t), e in at.items() if cc == c})
+        lines[f"HBM-resident ({', '.join(timers)} timer)"] = hbm
+        best: dict[tuple[str, int], dict[str, Any]] = {}
+        for r in cands:
+            k = key_of(r)
+            e = at.get((k[1], k[3]))
+            if (k[0], k[2]) != (table, ids) or k[1] != c or e is None or str(r.get("timer")) != e.timer:
+                continue
+            name = path_of(r) + "".join(f" · {a}={b}" for a, b in sorted((r.get("extra") or {}).items()))
+            name_path[name] = path_of(r)
+            ratio = float(r["step_ms"]) / float(r["offload_baseline_ms"])
+            old = best.get((name, k[3]))
+            if old is None or ratio < float(old["step_ms"]) / float(old["offload_baseline_ms"]):
+                best[(name, k[3])] = r
+        for (name, t), r in sorted(best.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+            lines.setdefault(name, []).append((float(t), float(r["step_ms"]), r.get("case_id") == at[(c, t)].pinned_case_id))
+        panels[c] = lines
+    names = list(dict.fromkeys(n for lines in panels.values() for n in lines))
+    return VerdictRows(table, ids, computes, panels, [n for n in names if n.startswith("HBM-resident")], name_path)
+
+
+def plot_verdict_rows(run: Run, height: float = KEY_HEIGHT_IN - 0.6) -> Plot | None:
+    """:func:`verdict_rows` drawn: step time vs tokens, one panel per compute length, the HBM
+    reference in its own colour (:data:`HBM_COLOR`, its +-band shaded), one colour per pinned
+    path, the step a verdict rests on ringed; at most :data:`MAX_LEGEND` legend entries."""
+    rows = verdict_rows(run)
+    if rows is None:
+        return None
+    table, ids, computes, panels = rows.table_bytes, rows.ids, rows.computes, rows.panels
+    hbm_names, name_path = rows.hbm_names, rows.name_path
+    colors = _path_colors(run)
+    names = list(dict.fromkeys(n for lines in panels.values() for n in lines))
+    paths = [n for n in names if n not in hbm_names]
+    # at most 8 legend entries: the HBM reference(s), then the paths whose best ratio is lowest
+    score = {n: min(p[1] / max(1e-12, next((h[1] for lines in panels.values() for hn in hbm_names
+                                               for h in lines.get(hn, []) if h[0] == p[0]), p[1]))
+                    for lines in panels.values() for p in lines.get(n, [])) for n in paths}
+    keep = set(hbm_names + sorted(paths, key=lambda n: score[n])[:MAX_LEGEND - len(hbm_names)])
+    fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
+    axes = list(fig.subplots(1, len(computes), squeeze=False)[0])
+    _suptitle(fig, f"The verdict's rows: decode step vs tokens ({fmt_bytes(table)} table, {ids} ids)", run,
+              x=0.02, ha="left")
+    for ax, c in zip(axes, computes):
+        for i, (name, pts) in enumerate(panels[c].items()):
+            if name not in keep or not pts:
+                continue
+            pts = sorted(pts)
+            hbm = name in hbm_names
+            color = HBM_COLOR if hbm else colors.get(name_path.get(name, name), "C0")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, linewidth=2.6 if hbm else 1.4,
+                    marker="s" if hbm else MARKERS[i % len(MARKERS)], markersize=5, label=name)
+            rested = [p for p in pts if p[2]]
+            if rested:
+                ax.plot([p[0] for p in rested], [p[1] for p in rested], linestyle="none", marker="o", markersize=11,
+                        markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.5)
+        if any(name in keep for name in hbm_names):
+            hb = sorted(next(pts for n, pts in panels[c].items() if n in hbm_names))
+            ax.fill_between([p[0] for p in hb], [p[1] * (1 - EQUAL_PCT / 100) for p in hb],
+                            [p[1] * (1 + EQUAL_PCT / 100) for p in hb], color=HBM_COLOR, alpha=0.08, linewidth=0)
+        ax.set_title(compute_label(c), fontsize=10)
+        finish_axes(ax, "tokens per step (log scale)", "step time (ms, log scale)", logx=True, logy=True, xbase=2)
+    n = _figure_legend(fig, axes)
+    caption = ("The rows the verdict above is read from: per token count the HBM-resident step each verdict is held "
+               f"against (thick black; the grey band: within {EQUAL_PCT:g} % of it) and, per pinned path, its best "
+               "stable step on the same timer (one colour per path); a ring marks the step the verdict rests on.")
+    return Plot("step_vs_tokens", "The verdict's rows", caption, figure_uri(fig, PLOT_DPI), section="overlap",
+                legend_entries=n, series_total=len(names))
 
 
 def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = True) -> Plot | None:

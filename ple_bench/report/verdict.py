@@ -1,33 +1,61 @@
-"""The offload verdict: one rule, read by the report's banner and by ``advise``.
+"""The offload verdict: the one rule, printed by every screen (the report's banner, summary.md,
+``verdict.json``, advise's measured headline and ``--json``, compare's summary).
 
-Per token count, the fastest **stable** pinned decode step by absolute step time, held against
-the resident step that ``offload_overhead`` names (:class:`ple_bench.record.Peers`: ids on the
-device, the same workload, its fastest graph mode, the pinned step's own timer), within **one**
-table size, **one** id distribution and **one** compute length:
+Its parts, also read by the plots (:func:`candidates`, :func:`scope`, :func:`picks`):
 
 * stable: the step's coefficient of variation is at most :data:`STABLE_CV`, it is not flagged
   ``unstable``, and neither is its baseline.  The CV is read from the interquartile range
   (:func:`spread`: IQR / 1.349 / median, the CV of a normal law with that IQR), so that the
   few pre-empted samples of a host-timed step -- which lift the plain CV of a CPU-gather step
   to 0.3-0.9 while its median's noise stays under 1 % -- do not disqualify its median;
-* the scope when nothing is asked: the largest table that has such steps, the id distribution
-  with the most of them there (ties: by name), and each compute length measured, the longest
-  first;
-* "as fast as HBM": an overhead of at most :data:`EQUAL_PCT`; "faster than HBM": at least
-  :data:`EQUAL_PCT` below it at every token count of the answer.
+* a pinned step is held against the resident step that ``offload_overhead`` names
+  (:class:`ple_bench.record.Peers`: ids on the device, the same workload, its fastest graph
+  mode, the pinned step's own timer);
+* :func:`scope` (the plots' default): the largest table that has stable steps, the id
+  distribution with the most of them there, each compute length measured, the longest first.
 
 It reads stored records only, so two runs that measured the same cases give the same verdict
 for them, whatever else their suites held.
+
+**The one verdict** (:func:`verdicts`): what every screen prints -- the report's banner,
+summary.md, ``verdict.json`` beside the records, advise's measured headline and ``--json``,
+compare's summary.  One :class:`Entry` per (table_bytes, compute, ids, num_tokens) where a pinned
+decode step was measured:
+
+* the best pinned option: of the stable pinned steps with a resident baseline (:func:`candidates`),
+  the lowest ratio ``step_ms / offload_baseline_ms`` -- each held against the resident figure on
+  its OWN timer (:class:`ple_bench.record.Peers`), so steps of different timers are never ranked
+  by their absolute times;
+* its 95 % interval: a seeded bootstrap (:data:`BOOTSTRAP_RESAMPLES` resamples, the seed from the
+  two case ids: the same records give the same interval in every run folder) of the ratio of the
+  two medians, from the kept raw samples (``samples_ms`` through :func:`ple_bench.results.kept_samples`;
+  the baseline's samples of the figure it offers: its step, host-sync, full-graph samples);
+* the verdict decided on the interval with the band :data:`EQUAL_PCT`: ``faster`` only where all
+  of it lies below 1 - band; ``as fast`` where all of it lies at or below 1 + band (it may reach
+  below 1 - band: not all of it does, so "faster" is not claimed); else ``slower``.  Records
+  without samples (older runs) are decided on the point ratio, their interval left empty;
+* ``no verdict`` (with the reason) where pinned steps were measured but no stable pair exists.
+
+A functional (CPU) run has no performance verdict: :func:`verdicts` returns none and every screen
+prints :data:`FUNCTIONAL_TEXT`; its ``verdict.json`` is ``{"functional": true, "verdicts": []}``.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from ..record import device_resident, num
 from ..serving.slo import EQUAL_PCT  # one "as fast" threshold, for the lookup and the serving verdict
+from ..results import kept_samples
 from .data import fmt_bytes
 
 #: a step whose samples vary more than this (:func:`spread`) is not used for a verdict
@@ -166,108 +194,296 @@ def path_words(r: Mapping[str, Any]) -> str:
     kernel = r.get("kernel") or ""
     name = f"{impl} · {kernel}" if kernel else impl
     prefetch = "prefetched" if r.get("prefetch") else "serial"
-    return f"{name} (ids on the {r.get('ids_on') or 'device'}, {r.get('graph') or 'eager'}, {prefetch})"
+    extra = r.get("extra")
+    options = "".join(f", {k}={v}" for k, v in sorted(extra.items())) if isinstance(extra, dict) else ""
+    return f"{name} (ids on the {r.get('ids_on') or 'device'}, {r.get('graph') or 'eager'}, {prefetch}{options})"
 
 
-def pick_text(p: Pick) -> str:
-    return (f"{p.tokens} tokens: {path_words(p.record)} {p.step_ms:.4f} ms vs HBM {p.baseline_ms:.4f} ms "
-            f"({p.baseline_graph} graph, {p.timer}), {p.overhead_pct:+.1f} %")
+# ------------------------------------------------------------------ the one verdict
 
-
-def holds_from(cands: Sequence[Mapping[str, Any]], where: Scope) -> float | None:
-    """The shortest measured compute from which, at every longer one measured too, the best
-    pinned step is as fast as HBM at every token count (None: at no compute measured)."""
-    held = None
-    for c in where.compute_us:  # longest first
-        chosen = picks(cands, where, c)
-        if chosen and all(p.as_fast for p in chosen.values()):
-            held = c
-        else:
-            break
-    return held
+FASTER, AS_FAST, SLOWER, NO_VERDICT = "faster", "as fast", "slower", "no verdict"
+VERDICTS = (FASTER, AS_FAST, SLOWER, NO_VERDICT)
+FUNCTIONAL_TEXT = "functional run: no performance verdict"
+VERDICT_FILE = "verdict.json"
+#: bootstrap resamples of each median (the interval's percentiles: 2.5 and 97.5)
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+#: the resident figure a baseline offers -> the raw samples it is the median of
+_FIGURE_SAMPLES = (("step_ms", "samples_ms"), ("step_host_sync_ms", "step_host_sync_samples_ms"),
+                   ("full_step_ms", "full_step_samples_ms"),
+                   ("full_step_host_sync_ms", "full_step_host_sync_samples_ms"))
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The answer in parts, for the report's banner (a sentence and a compact table) and its text."""
+class Entry:
+    """The verdict at one (table, compute, ids, token count): see the module doc."""
 
-    head: str  # the one-sentence answer
-    picks: tuple[Pick, ...]  # per token count at the longest compute, fewest tokens first
-    others: tuple[str, ...]  # "<compute>: <tokens>: <cost>, ..." at the other compute lengths
-    tail: str  # the compute it holds from
+    table_bytes: int
+    compute: Any  # compute_of(): microseconds of the matmul chain, or ("decoder", shape, layers, context)
+    ids: str
+    num_tokens: int
+    verdict: str
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    pinned_case_id: str | None = None
+    resident_case_id: str | None = None
+    reason: str | None = None  # why "no verdict"
+    pinned: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    resident_ms: float | None = None
+    resident_graph: str | None = None
+    timer: str | None = None
 
     @property
-    def as_fast(self) -> bool:
-        """Pinned host memory is as fast as HBM at every token count of the answer."""
-        return all(p.as_fast for p in self.picks)
+    def pinned_ms(self) -> float | None:
+        return num(self.pinned.get("step_ms")) if self.pinned is not None else None
 
     @property
-    def text(self) -> str:
-        body = " Best pinned step per token count: " + "; ".join(pick_text(p) for p in self.picks) + "."
-        if self.others:
-            body += " At other compute lengths: " + "; ".join(self.others) + "."
-        return self.head + body + " " + self.tail
+    def path(self) -> str:
+        return path_words(self.pinned) if self.pinned is not None else ""
 
-    def rows(self) -> list[dict[str, str]]:
-        """One row per token count: the pinned step against its HBM row, printed side by side."""
-        return [{"tokens": str(p.tokens), "path": path_words(p.record), "step_ms": f"{p.step_ms:.4f}",
-                 "hbm_ms": f"{p.baseline_ms:.4f}", "hbm_how": f"{p.baseline_graph} graph, {p.timer}",
-                 "cost": f"{p.overhead_pct:+.1f} %", "as_fast": "yes" if p.as_fast else "no"}
-                for p in self.picks]
+    @property
+    def ratio_text(self) -> str:
+        """``0.98 (95 % CI 0.97-1.00)``; the point alone where the records have no samples."""
+        if self.ratio is None:
+            return ""
+        if self.ci_low is None or self.ci_high is None:
+            return f"{self.ratio:.3f} (no samples: no interval)"
+        return f"{self.ratio:.3f} (95 % CI {self.ci_low:.3f}-{self.ci_high:.3f})"
 
-
-def verdict(records: Iterable[Mapping[str, Any]]) -> Verdict | None:
-    """The answer (None when the run has no stable pinned step with a baseline; see
-    :func:`no_verdict_reason`)."""
-    cands = candidates(records)
-    where = scope(cands)
-    if where is None:
-        return None
-    c0 = where.compute_us[0]
-    chosen = picks(cands, where, c0)
-    yes = all(p.as_fast for p in chosen.values())
-    held = holds_from(cands, where)
-    worst = max(chosen.values(), key=lambda p: p.overhead_pct)
-    best = min(chosen.values(), key=lambda p: p.overhead_pct)
-    if worst.overhead_pct <= -EQUAL_PCT:  # faster at every token count, by more than the equality band
-        claim = (f"pinned host memory is faster than HBM (by {-worst.overhead_pct:.1f} % at {worst.tokens} "
-                 f"tokens to {-best.overhead_pct:.1f} % at {best.tokens})")
-    else:
-        claim = (("pinned host memory is as fast as HBM" if yes else "HBM is faster")
-                 + f" (within {EQUAL_PCT:.0f} %: {'yes' if yes else 'no'}, worst {worst.overhead_pct:+.1f} % at "
-                 f"{worst.tokens} tokens)")
-    head = (f"{fmt_bytes(where.table_bytes)} table, {where.ids} ids, {compute_label(c0)}: {claim}; "
-            f"pinning frees {fmt_bytes(where.table_bytes)} of HBM.")
-    others = []
-    for c in where.compute_us[1:]:
-        at = picks(cands, where, c)
-        if at:
-            others.append(f"{compute_label(c)}: " + ", ".join(f"{p.tokens}: {p.overhead_pct:+.1f} %" for p in at.values()))
-    tail = (f"Holds from {compute_label(held)}." if held is not None else
-            f"Not within {EQUAL_PCT:.0f} % at any compute length measured.")
-    configs = {path_words(r) for r in cands if int(num(r.get("table_bytes")) or 0) == where.table_bytes
-               and str(r.get("ids") or "uniform") == where.ids and compute_of(r) == c0}
-    if len(configs) == 1:  # e.g. the default suite: one pinned step on its largest table
-        tail += (f" Only one pinned configuration was measured here ({configs.pop()}): the paths suite "
-                 "measures every path (python -m ple_bench run --suite paths).")
-    return Verdict(head, tuple(chosen.values()), tuple(others), tail)
+    def to_json(self) -> dict[str, Any]:
+        compute = (self.compute if not isinstance(self.compute, tuple)
+                   else f"decoder:{self.compute[1]}:{self.compute[2]}x{self.compute[3]}")
+        out = {"table_bytes": self.table_bytes, "compute": compute, "ids": self.ids, "num_tokens": self.num_tokens,
+               "verdict": self.verdict, "ratio": self.ratio, "ci_low": self.ci_low, "ci_high": self.ci_high,
+               "pinned_case_id": self.pinned_case_id, "resident_case_id": self.resident_case_id}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.timer:
+            out["timer"] = self.timer
+        return out
 
 
-def no_verdict_reason(records: Iterable[Mapping[str, Any]]) -> str | None:
-    """Why there is no verdict when pinned steps with a baseline exist but were all too noisy."""
-    left = unstable_candidates(list(records))
-    if left:
-        return (f"No verdict: the {len(left)} pinned steps with a resident baseline were all too noisy "
-                f"(IQR-based CV above {STABLE_CV:.0%} or unstable, theirs or their baseline's).")
-    return None
+def is_functional(records: Iterable[Mapping[str, Any]]) -> bool:
+    """Every record that says its mode says functional (a CPU run: its times are the CPU's)."""
+    modes = {str(r.get("mode")) for r in records if r.get("mode")}
+    return bool(modes) and modes <= {"functional"}
 
 
-def banner(records: Iterable[Mapping[str, Any]]) -> str | None:
-    """The report's answer as one text (None when the run has no pinned step with a baseline)."""
+def decide(ci_low: float, ci_high: float, band_pct: float = EQUAL_PCT) -> str:
+    """The verdict of a ratio interval (pinned / resident): see the module doc."""
+    band = band_pct / 100.0
+    if ci_high < 1.0 - band:
+        return FASTER
+    if ci_high <= 1.0 + band:
+        return AS_FAST
+    return SLOWER
+
+
+def _samples(rec: Mapping[str, Any], key: str) -> list[float]:
+    raw = rec.get(key)
+    if not isinstance(raw, (list, tuple)):
+        return []
+    flags = rec.get("samples_throttled") if key == "samples_ms" else None
+    vals = kept_samples([float(v) for v in raw if num(v) is not None], flags if isinstance(flags, list) else None)
+    return [v for v in vals if math.isfinite(v) and v > 0]
+
+
+def resident_samples(base: Mapping[str, Any], ms: float) -> list[float]:
+    """The kept raw samples of the resident figure ``ms`` that ``base`` offers (its step, its
+    host-sync twin, its full graph on either timer): the list whose figure is ``ms``."""
+    for ms_key, samples_key in _FIGURE_SAMPLES:
+        v = num(base.get(ms_key))
+        if v is not None and math.isclose(v, ms, rel_tol=1e-9, abs_tol=1e-12):
+            got = _samples(base, samples_key)
+            if not got and samples_key == "samples_ms":
+                got = _samples(base, "step_samples_ms")
+            return got
+    return []
+
+
+def _bootstrap_medians(values: Sequence[float], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """``resamples`` medians of bootstrap resamples of ``values``, drawn exactly without
+    building the resamples: a resample's k-th smallest value is ``sorted[floor(n * U)]`` with U the
+    k-th of n uniforms, which is Beta(k, n - k + 1); the median of an even count is the mean of
+    its two middle order statistics, the upper one drawn given the lower."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = x.size
+    if n == 1:
+        return np.full(resamples, x[0])
+    k = (n + 1) // 2
+    u = rng.beta(k, n - k + 1, size=resamples)
+    lo = np.minimum((u * n).astype(int), n - 1)
+    if n % 2:
+        return x[lo]
+    # the (k+1)-th given the k-th at u: u + (1 - u) * (the smallest of n - k uniforms)
+    u2 = u + (1 - u) * rng.beta(1, n - k, size=resamples)
+    hi = np.minimum((u2 * n).astype(int), n - 1)
+    return (x[lo] + x[hi]) / 2
+
+
+def ratio_interval(pinned: Sequence[float], resident: Sequence[float], seed_text: str,
+                   resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float]:
+    """The 95 % percentile-bootstrap interval of median(pinned) / median(resident): each sample
+    set resampled with replacement ``resamples`` times (:func:`_bootstrap_medians`), the generator
+    seeded from ``seed_text`` (deterministic)."""
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    ratios = _bootstrap_medians(pinned, rng, resamples) / _bootstrap_medians(resident, rng, resamples)
+    tail = (1.0 - CONFIDENCE) / 2 * 100
+    lo, hi = np.percentile(ratios, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def interval_of(pinned: Mapping[str, Any], base: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
+    """The 95 % interval of a pinned step's ratio to the resident figure it names
+    (``offload_baseline_ms`` of ``base``), from both records' kept samples; (None, None) where
+    either has none.  The point ratio always lies inside it."""
+    ms, step = num(pinned.get("offload_baseline_ms")), num(pinned.get("step_ms"))
+    if base is None or ms is None or step is None:
+        return None, None
+    a = _samples(pinned, "samples_ms") or _samples(pinned, "step_samples_ms")
+    b = resident_samples(base, float(ms))
+    if not a or not b:
+        return None, None
+    lo, hi = ratio_interval(a, b, f"{pinned.get('case_id')}|{base.get('case_id')}")
+    ratio = float(step) / float(ms)
+    return min(lo, ratio), max(hi, ratio)
+
+
+def newest_verdicts(records: Iterable[Mapping[str, Any]], run_key: str = "_run_id") -> list[Entry]:
+    """:func:`verdicts` of records from several runs: each run judged on its own records (a
+    baseline is its own run's), and per key the entry of the newest run (run ids sort by date)."""
+    by_run: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        by_run.setdefault(str(r.get(run_key) or ""), []).append(r)
+    chosen: dict[tuple, Entry] = {}
+    for run_id in sorted(by_run):
+        for e in verdicts(by_run[run_id]):
+            chosen[(e.table_bytes, e.compute, e.ids, e.num_tokens)] = e
+    return sorted(chosen.values(), key=_entry_order)
+
+
+def key_of(r: Mapping[str, Any]) -> tuple[int, Any, str, int]:
+    """(table_bytes, compute, ids, num_tokens): what one verdict is about."""
+    return (int(num(r.get("table_bytes")) or 0), compute_of(r), str(r.get("ids") or "uniform"),
+            int(num(r.get("num_tokens")) or 0))
+
+
+def _entry_order(e: Entry) -> tuple:
+    return (-e.table_bytes, tuple(-x if isinstance(x, (int, float)) else 0 for x in _longest_first(e.compute)[:2]),
+            e.ids, e.num_tokens)
+
+
+def _judge(key: tuple, pinned: list[Mapping[str, Any]], ids: Mapping[str, Mapping[str, Any]]) -> Entry:
+    table, compute, dist, tokens = key
+    with_base = [r for r in pinned if num(r.get("offload_baseline_ms")) is not None and num(r.get("step_ms")) is not None]
+    if not with_base:
+        notes = sorted({str(r.get("offload_baseline_note")) for r in pinned if r.get("offload_baseline_note")})
+        why = "no resident step (ids on the device, same workload) was measured here"
+        return Entry(table, compute, dist, tokens, NO_VERDICT, reason=why + (f" ({notes[0]})" if notes else ""))
+    stable_ones = [r for r in with_base if stable(r) and (ids.get(str(r.get("offload_baseline"))) is None
+                                                         or stable(ids[str(r.get("offload_baseline"))]))]
+    if not stable_ones:
+        return Entry(table, compute, dist, tokens, NO_VERDICT,
+                     reason=f"the {len(with_base)} pinned steps with a resident baseline were all too noisy "
+                            f"(IQR-based CV above {STABLE_CV:.0%} or unstable, theirs or their baseline's)")
+    best = min(stable_ones, key=lambda r: (float(r["step_ms"]) / float(r["offload_baseline_ms"]), str(r.get("case_id"))))
+    ratio = float(best["step_ms"]) / float(best["offload_baseline_ms"])
+    base_id = str(best.get("offload_baseline"))
+    lo, hi = interval_of(best, ids.get(base_id))
+    verdict_ = decide(lo, hi) if lo is not None and hi is not None else decide(ratio, ratio)
+    return Entry(table, compute, dist, tokens, verdict_, ratio, lo, hi, str(best.get("case_id")), base_id,
+                 pinned=best, resident_ms=float(best["offload_baseline_ms"]),
+                 resident_graph=str(best.get("offload_baseline_graph")), timer=str(best.get("offload_baseline_timer")))
+
+
+def verdicts(records: Iterable[Mapping[str, Any]]) -> list[Entry]:
+    """The one verdict per (table, compute, ids, token count): see the module doc.  None for a
+    functional run; largest table first, longest compute first, then ids and token counts."""
     records = list(records)
-    v = verdict(records)
-    return v.text if v is not None else no_verdict_reason(records)
+    if is_functional(records):
+        return []
+    ids = _by_id(records)
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "step" and r.get("status") == "ok" and not device_resident(r):
+            groups.setdefault(key_of(r), []).append(r)
+    return sorted((_judge(k, rs, ids) for k, rs in groups.items()), key=_entry_order)
 
 
-__all__ = ["STABLE_CV", "EQUAL_PCT", "spread", "stable", "Pick", "Scope", "candidates", "unstable_candidates", "scope", "picks",
-           "path_words", "pick_text", "holds_from", "banner", "Verdict", "verdict", "no_verdict_reason", "compute_of", "compute_label"]
+def scope_label(table_bytes: int, compute: Any, ids: str) -> str:
+    return f"{fmt_bytes(table_bytes)} table, {ids} ids, {compute_label(compute)}"
+
+
+def entry_text(e: Entry) -> str:
+    """One line: ``256 tokens: as fast -- <path> 0.2100 ms vs HBM 0.2120 ms (<graph> graph, <timer>), ratio ...``."""
+    if e.verdict == NO_VERDICT:
+        return f"{e.num_tokens} tokens: no verdict ({e.reason})"
+    return (f"{e.num_tokens} tokens: {e.verdict} -- {e.path} {e.pinned_ms:.4f} ms vs HBM {e.resident_ms:.4f} ms "
+            f"({e.resident_graph} graph, {e.timer}), ratio {e.ratio_text}")
+
+
+def first_scope(entries: Sequence[Entry]) -> list[Entry]:
+    """The entries the headline speaks of: the largest table, its longest compute, and there the
+    id distribution with the most verdicts (ties: uniform, then by name)."""
+    if not entries:
+        return []
+    first = entries[0]
+    at = [e for e in entries if (e.table_bytes, e.compute) == (first.table_bytes, first.compute)]
+    counts = Counter(e.ids for e in at if e.verdict != NO_VERDICT) or Counter(e.ids for e in at)
+    dist = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] != "uniform", kv[0]))[0][0]
+    return [e for e in at if e.ids == dist]
+
+
+def headline(entries: Sequence[Entry], functional: bool = False) -> str:
+    """The one-sentence answer every screen opens with: per token count, the verdict at the
+    first scope (largest table, longest compute, the ids with the most verdicts there)."""
+    if functional:
+        return FUNCTIONAL_TEXT
+    if not entries:
+        return ("no verdict: no decode step of a pinned table was measured (run the paths suite: "
+                "python -m ple_bench run --suite paths)")
+    at = first_scope(entries)
+    first, dist = at[0], at[0].ids
+    parts = [f"{e.num_tokens} tokens {e.verdict}" + (f" ({e.ratio:.2f}" + (
+        f", {e.ci_low:.2f}-{e.ci_high:.2f})" if e.ci_low is not None else ")") if e.ratio is not None else "")
+        for e in at]
+    return (f"{scope_label(first.table_bytes, first.compute, dist)}: pinned / HBM step time (95 % interval): "
+            + "; ".join(parts) + ".")
+
+
+def verdict_lines(entries: Sequence[Entry], functional: bool = False) -> list[str]:
+    """The headline, then per scope one line per token count (the text every screen prints)."""
+    lines = [headline(entries, functional)]
+    scope_key = None
+    for e in entries:
+        k = (e.table_bytes, e.compute, e.ids)
+        if k != scope_key:
+            scope_key = k
+            lines.append(f"{scope_label(*k)}:")
+        lines.append("  " + entry_text(e))
+    return lines
+
+
+def verdict_document(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``verdict.json``'s content: ``{"verdicts": [...]}`` (and ``"functional": true`` for a CPU run)."""
+    records = list(records)
+    if is_functional(records):
+        return {"functional": True, "verdict": FUNCTIONAL_TEXT, "verdicts": []}
+    return {"verdicts": [e.to_json() for e in verdicts(records)]}
+
+
+def write_verdict_json(run_dir: str | Path, records: Iterable[Mapping[str, Any]]) -> Path:
+    """Write ``<run_dir>/verdict.json`` (atomically) from ``records``; returns its path."""
+    path = Path(run_dir) / VERDICT_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(verdict_document(records), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["VERDICTS", "FASTER", "AS_FAST", "SLOWER", "NO_VERDICT", "FUNCTIONAL_TEXT", "VERDICT_FILE", "Entry",
+           "verdicts", "newest_verdicts", "interval_of", "decide", "ratio_interval", "resident_samples", "is_functional", "headline",
+           "verdict_lines", "entry_text", "scope_label", "first_scope", "verdict_document", "write_verdict_json", "key_of",
+           "STABLE_CV", "EQUAL_PCT", "spread", "stable", "Pick", "Scope", "candidates", "unstable_candidates", "scope", "picks",
+           "path_words", "compute_of", "compute_label"]

@@ -13,7 +13,8 @@
      data-images-loaded (images with naturalWidth > 0), data-js-errors, and the layout as the
      browser test reads it: data-viewport-width, data-scroll-width (the document's), data-wide
      (elements that reach past the viewport's right edge outside a scrolling box), and the
-     first plot's box (data-first-plot-top / -bottom).
+     first plot's box (data-first-plot-top / -bottom), and the text seen before scrolling
+     (data-first-screen-text).
    - With "#selftest" in the URL, the tables' sorting and filtering are
      exercised and the outcome lands in body[data-selftest]; on load every plot is opened in
      the lightbox and closed, the outcome in body[data-zoomtest]. */
@@ -240,6 +241,16 @@
       }
     });
     body.setAttribute("data-wide", wide.join("; "));
+    // the text a reader sees before scrolling (the browser test checks what it claims)
+    var seen = [], walker = document.createTreeWalker(body, NodeFilter.SHOW_TEXT, null), node;
+    var range = document.createRange(), vh = window.innerHeight;
+    while ((node = walker.nextNode())) {
+      if (!node.nodeValue.trim()) { continue; }
+      range.selectNodeContents(node);
+      var rect = range.getBoundingClientRect();
+      if (rect.height > 0 && rect.bottom > 0 && rect.top < vh) { seen.push(node.nodeValue.trim()); }
+    }
+    body.setAttribute("data-first-screen-text", seen.join(" ").slice(0, 8000));
     var first = document.querySelector("figure.plot > img");
     if (first) {
       var box = first.getBoundingClientRect();
