@@ -211,8 +211,11 @@ def summary_markdown(run: Run) -> str:
     """summary.md: a heading naming the run, then one row per record, in the order they were run."""
     axes = summary_axes(run)
     headers = [_MD_HEADERS.get(a, a) for a in axes] + ["time ms", "noise %", "GB/s", "% of ceiling", "status"]
-    lines = [f"# ple_bench run {run.run_id}", ""] + serving_markdown(run)
-    lines += ["## Verdict", ""] + verdict_markdown(run) + ["", "## Cases", "",
+    serving = serving_markdown(run)
+    lines = [f"# ple_bench run {run.run_id}", ""] + serving
+    if not serving or run.functional or verdicts(run.records):  # as the report: a serving run leads alone
+        lines += ["## Verdict", ""] + verdict_markdown(run) + [""]
+    lines += ["## Cases", "",
              f"suite `{run.suite}`, mode {run.mode}, {len(run.records)} records; time: the median "
              "(a step's: the step); noise: the half-width of the median's 95 % confidence interval, % of it; "
              "GB/s and % of ceiling: lookups only (`pct_of_ceiling`, against the record's `ceiling`).", "",
