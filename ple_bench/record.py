@@ -207,7 +207,7 @@ FIELDS: tuple[Field, ...] = (
        "tokenizer (ple_bench/traces.py)"),
     _f("gather_impl", "", "all",
        "pinned_cpu_gather: the code that ran its gather and copy -- native (one C++ call: "
-       "backends/native/host_gather.cpp), python (the same steps from Python: no compiler or ninja, "
+       "backends/cuda/native/host_gather.cpp), python (the same steps from Python: no compiler or ninja, "
        "or PLE_BENCH_NATIVE=0), general (the ETP / DP / threaded path)"),
     # multi-rank
     _f("gather_ms", "ms", "lookup", "all-gather of the DP ranks' ids"),

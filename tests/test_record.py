@@ -1,6 +1,6 @@
 """The record schema (ple_bench/record.py): every derived figure on hand-computed
 records, the ceiling each kind of lookup is held against, the upgrade of older
-records, the archived runs (tests/fixtures/runs), and the README's generated table."""
+records, the archived runs (tests/fixtures/runs), and docs/schema.md's generated table."""
 
 from __future__ import annotations
 
@@ -396,11 +396,11 @@ def test_record_keys_come_from_the_schema():
         assert f.kinds in record.KINDS and f.definition, f.name
 
 
-def test_readme_record_table_is_the_generated_schema():
-    text = (REPO / "README.md").read_text()
+def test_docs_schema_table_is_the_generated_schema():
+    text = (REPO / "docs" / "schema.md").read_text()
     m = re.search(r"<!-- record-schema:begin -->\n(.*?)<!-- record-schema:end -->", text, re.S)
-    assert m, "README.md has no generated record-schema block"
-    assert m.group(1) == record.markdown(), "README's record table differs: paste `python -m ple_bench schema`"
+    assert m, "docs/schema.md has no generated record-schema block"
+    assert m.group(1) == record.markdown(), "docs/schema.md's record table differs: paste `python -m ple_bench schema`"
 
 
 def test_schema_command_prints_the_table(capsys):
