@@ -710,6 +710,90 @@ def _derive_offload(rec: dict[str, Any], peers: Peers) -> None:
             rec["offload_overhead_same_graph"] = step_ms / same.ms - 1.0
 
 
+# ------------------------------------------------------------------ the one assembler
+
+@dataclass
+class CaseResult:
+    """What a case's worker reports (picklable: it crosses the worker pool's pipes and, under
+    torchrun, stays in the process): how the case ended, what it measured, and what its backend
+    declares.  :func:`build` is the one place a record is assembled from it.
+
+    ``measurement`` holds the record fields the case measured (the timings and their summary, the
+    rows moved, the ceilings' shares, a step's or a served step's figures, a skipped served
+    step's capacity rule); the other fields are the facts every record carries beside it."""
+
+    status: str = "ok"  # ok | skipped | invalid | failed (results.STATUSES)
+    reason: str = ""
+    measurement: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the backend's declared facts, read in the worker (None: the case never reached a worker
+    #: that could resolve its impl)
+    lookup_mechanism: str | None = None
+    table_in_host_memory: bool | None = None
+    kernel_ran: str | None = None  # the kernel the backend ran (kernel paths of measured cases)
+    table_cost: dict[str, Any] = dataclasses.field(default_factory=dict)  # the table's host allocation
+    traffic: dict[str, Any] = dataclasses.field(default_factory=dict)  # unique_rows_fraction, ids_trace
+    #: the per-case ceilings measured for it, for meta.json (never record fields): the host-gather
+    #: ceiling entry and the random-row ceiling entries (run.provenance.keep_case_ceilings)
+    host_gather_ceiling: dict[str, Any] | None = None
+    random_row_ceilings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    traceback: str | None = None  # a failed case's
+    rank_outcomes: list[dict[str, Any]] | None = None  # under torchrun, when the ranks disagreed
+    duration_s: float | None = None  # stamped by whoever ran the case (dispatch, torchrun)
+    finished_at: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Everything the worker reported as one flat dict (what an in-process caller of
+        ``CaseExecutor.run`` reads): the measurement, the table cost, the traffic, ``kernel_ran``,
+        and the per-case ceiling entries under ``host_gather_ceiling`` / ``random_row_ceiling_entry``."""
+        out = dict(self.measurement)
+        out.update(self.table_cost)
+        out.update(self.traffic)
+        out["kernel_ran"] = self.kernel_ran
+        if self.host_gather_ceiling is not None:
+            out["host_gather_ceiling"] = self.host_gather_ceiling
+        if self.random_row_ceilings:
+            out["random_row_ceiling_entry"] = self.random_row_ceilings
+        return out
+
+
+@dataclass
+class RunContext:
+    """What a record takes from its run: the run's ``meta.json`` (its mode, and its ceilings as
+    they are when the record is built) and the :class:`Peers` of its records so far."""
+
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    peers: Peers = dataclasses.field(default_factory=Peers)
+
+    @property
+    def mode(self) -> str | None:
+        return self.meta.get("mode")
+
+    @property
+    def ceilings(self) -> Mapping[str, Any]:
+        return self.meta.get("ceilings") or {}
+
+
+def build(case: Case, result: CaseResult, run: RunContext) -> dict[str, Any]:
+    """The record of ``case`` from its worker's ``result``: the one place a record is
+    assembled.  Its identity and outcome, the case's axes and world size, what it measured, the
+    backend's declared facts, then its derived figures (:func:`derive`, with the run's ceilings
+    and peers).  The caller adds it to ``run.peers`` once written."""
+    rec: dict[str, Any] = {"case_id": case.case_id, "status": result.status, "reason": result.reason,
+                           "mode": run.mode, "finished_at": result.finished_at}
+    rec.update(case.axes())
+    rec["world_size"] = case.world_size
+    rec.update(result.measurement)
+    rec.update(result.table_cost)
+    rec.update(result.traffic)
+    rec["kernel_ran"] = result.kernel_ran
+    rec["lookup_mechanism"] = result.lookup_mechanism
+    rec["table_in_host_memory"] = result.table_in_host_memory
+    rec["traceback"] = result.traceback
+    rec["rank_outcomes"] = result.rank_outcomes
+    rec["duration_s"] = result.duration_s
+    return derive(rec, run.ceilings, run.peers)
+
+
 # ------------------------------------------------------------------ upgrades
 
 def upgrade(records: list[dict[str, Any]], meta: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -797,7 +881,7 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["SCHEMA_VERSION", "CEILING_SLACK_PCT", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS",
+__all__ = ["CaseResult", "RunContext", "build", "SCHEMA_VERSION", "CEILING_SLACK_PCT", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS",
            "HOST_ALLOC_KEYS", "keys_for", "derive", "choose_ceiling", "row_ceiling", "twin_key", "twins_of",
            "Peers", "baseline_key", "resident_figures", "PATH_AXES",
            "upgrade", "markdown", "device_resident"]

@@ -209,15 +209,19 @@ def test_the_runner_puts_prefetch_off_first():
     assert ordered[0].prefetch is False
 
 
-def test_derive_record_keeps_twins_for_later_steps():
-    from ple_bench.run.loop import derive_record
-
+def test_build_keeps_twins_for_later_steps():
     twins = Peers()
+    context = record.RunContext({"mode": "gpu", "ceilings": CEILINGS}, twins)
     off, on = _step(False, 0.4), _step(True, 0.1)
-    derive_record(off, Case(**{k: off[k] for k in ("kind", "impl", "dim", "dtype")}), {"ceilings": CEILINGS}, twins)
-    derive_record(on, Case(**{k: on[k] for k in ("kind", "impl", "dim", "dtype")}), {"ceilings": CEILINGS}, twins)
-    assert off["table_in_host_memory"] is True  # pinned_uva declares it
-    assert on["overlap_efficiency"] == pytest.approx(0.75) and on["overlap_twin"] == off["case_id"]
+    built = []
+    for rec in (off, on):
+        case = Case(**{k: rec[k] for k in Case().axes() if k in rec})
+        result = record.CaseResult(measurement={k: v for k, v in rec.items() if k not in case.axes()},
+                                   lookup_mechanism="kernel", table_in_host_memory=True)
+        built.append(record.build(case, result, context))
+        twins.add(built[-1])
+    assert built[0]["table_in_host_memory"] is True  # the worker's result declares it
+    assert built[1]["overlap_efficiency"] == pytest.approx(0.75) and built[1]["overlap_twin"] == built[0]["case_id"]
 
 
 # ------------------------------------------------------------ the resident baseline (offload_overhead)

@@ -110,7 +110,8 @@ def test_default_suite_puts_the_47_7_gib_torch_table_right_after_the_32_gib_one(
     """Both tables take a 64 GiB block from torch's allocator: with no other pinned table
     between them in the runner's order, the 47.7 GiB table takes the 32 GiB table's block from
     torch's cache (executor: host_alloc.cached_table_block) instead of pinning 64 GiB again."""
-    from ple_bench.backends import get_backend, host_alloc
+    from ple_bench.backends import get_backend
+    from ple_bench.backends.cuda import host_alloc
     from ple_bench.run.loop import order_cases
     from ple_bench.spec.suite import load_suite
 

@@ -1,4 +1,5 @@
-"""Sends each case to its ranks and turns the outcome into a record: by default to ple_bench's own
+"""Sends each case to its ranks and returns how it ended, a :class:`~ple_bench.record.CaseResult`
+(the suite loop makes the record of it, ``record.build``): by default to ple_bench's own
 worker processes (``pool.WorkerPool``, one pool per world size, a fresh one after any failure, so a
 poisoned or hung worker never runs the next case), under torchrun to this process, one rank of
 torchrun's world (``torchrun.TorchrunRanks``)."""
@@ -7,13 +8,15 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..env import external_world_size, gpu_count
 from ..measure.profiler import torch_trace_name
-from ..results import RunWriter
+from ..record import CaseResult
+from ..results import RunWriter, now_iso
 from ..spec.case import Case
-from .outcome import SkipCase, case_record
+from .outcome import SkipCase
 from .pool import WorkerError, WorkerPool, policy_dict
 from .provenance import add_measured
 from .torchrun import TorchrunRanks
@@ -44,8 +47,10 @@ class CaseDispatcher:
         if self.torchrun is not None:
             self.torchrun.close()
 
-    def _record(self, case: Case, status: str, reason: str = "", result: dict | None = None) -> dict:
-        return case_record(case, self.meta.get("mode"), status, reason, result)
+    @staticmethod
+    def _ended(status: str, reason: str = "", **kw) -> CaseResult:
+        """A case that ended here, in the parent, before any worker reported on it."""
+        return CaseResult(status=status, reason=reason, finished_at=now_iso(), **kw)
 
     def _ensure_pool(self, world: int):
         if self.pool is not None and (self.pool.world != world or not self.pool.alive()):
@@ -71,18 +76,18 @@ class CaseDispatcher:
         else:
             print(f"warning: ceilings not measured: {reply[1]}", file=sys.stderr)
 
-    def run_case(self, case: Case, policy) -> dict[str, Any]:
+    def run_case(self, case: Case, policy) -> CaseResult:
         world = case.world_size
         if self.torchrun is not None:
             return self.torchrun.run_case(case, policy)
         gpus = gpu_count()
         if gpus and world > gpus:
-            return self._record(case, SkipCase.status, f"needs {world} GPUs, this machine has {gpus}")
+            return self._ended(SkipCase.status, f"needs {world} GPUs, this machine has {gpus}")
         try:
             pool = self._ensure_pool(world)
         except (WorkerError, TimeoutError, OSError) as exc:
             self.close()
-            return self._record(case, "failed", f"could not start {world} worker(s): {exc}")
+            return self._ended("failed", f"could not start {world} worker(s): {exc}")
         options = {"nvtx": self.options.nvtx, "profile_window": self.options.profile_window}
         if self.options.torch_trace:
             options["torch_trace"] = {"max_samples": self.options.torch_trace,
@@ -93,23 +98,20 @@ class CaseDispatcher:
                                  timeout_s=self.options.case_timeout_s)
         except TimeoutError as exc:
             self.close()
-            return self._record(case, "failed", f"timed out: {exc}; its workers were stopped")
+            return self._ended("failed", f"timed out: {exc}; its workers were stopped")
         except (BrokenPipeError, EOFError, OSError) as exc:  # a worker that died after its last case
             self.close()
-            return self._record(case, "failed", f"its worker was gone before the case started ({exc}); "
-                                                "the workers were restarted")
-        duration = time.perf_counter() - started
-        status = reply[0]
-        if status == "ok":
-            rec = self._record(case, "ok", "", reply[1])
-        elif status != "failed":  # skipped, invalid: the outcome's own status
-            rec = self._record(case, status, reply[1], reply[3] if len(reply) > 3 else None)
-        else:
-            rec = self._record(case, "failed", reply[1])
-            rec["traceback"] = reply[2] if len(reply) > 2 else ""
+            return self._ended("failed", f"its worker was gone before the case started ({exc}); "
+                                         "the workers were restarted")
+        duration = round(time.perf_counter() - started, 3)
+        status, reason = reply[0], reply[1]
+        reported = reply[3] if len(reply) > 3 and isinstance(reply[3], CaseResult) else CaseResult()
+        # the reason as the pool gives it (a failure names its rank); a failure keeps its traceback
+        result = replace(reported, status=status, reason=reason if status != "ok" else "",
+                         traceback=(reply[2] if len(reply) > 2 else "") if status == "failed" else None,
+                         duration_s=duration, finished_at=now_iso())
+        if status == "failed":
             # a failed case may have left its worker poisoned (a sticky CUDA error) or other
             # ranks stuck in a collective: the next case starts in fresh workers
             self.close()
-        rec["duration_s"] = round(duration, 3)
-        return rec
-
+        return result

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import os
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,11 +29,12 @@ from ..measure import ceilings as ceil, host_gather_ceiling
 from ..measure.ceilings import HOST_GATHER_ID_SETS
 from ..measure.fields import lockstep, measurement_fields, sm_limit_fields
 from ..parallel import Groups, Topology
+from ..record import CaseResult
 from ..spec.case import Case
 from ..traces import TraceUnavailable
 from ..workload import make_id_sets, make_ids, parse_ids_spec, warmup_ids
 from . import serve as serve_mod, step as step_mod
-from .outcome import InvalidCase, SkipCase
+from .outcome import CaseOutcome, InvalidCase, SkipCase
 
 FP8_SCALE = 0.5
 TABLE_SEED_BASE = 1234
@@ -71,6 +73,16 @@ def host_memory_available_bytes() -> int:
         return limit
     free = host_alloc.mem_available_bytes()
     return min(limit, free) if free is not None else limit
+
+
+def backend_facts(impl: str) -> tuple[str | None, bool | None]:
+    """The backend's declared ``lookup_mechanism`` and ``table_in_host_memory`` (record fields),
+    read where the case runs; (None, None) when ``impl`` cannot be resolved here."""
+    try:
+        cls = get_backend(impl)
+    except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
+        return None, None
+    return cls.lookup_mechanism(), bool(cls.table_in_host_memory)
 
 
 @dataclass
@@ -272,7 +284,28 @@ class CaseExecutor:
         return self._placed(case, ids)
 
     # ------------------------------------------------------------ one case
+    def outcome(self, case: Case, policy) -> CaseResult:
+        """The case run here, however it ends: a :class:`~ple_bench.record.CaseResult` with its
+        status (a :class:`CaseOutcome` is its status and reason, any other exception a failure with
+        its traceback) and the backend's declared facts, which go into the record
+        (``record.build``).  What the worker pool and torchrun's ranks call."""
+        try:
+            return self.measure(case, policy)
+        except CaseOutcome as exc:
+            result = CaseResult(status=exc.status, reason=str(exc), measurement=dict(exc.fields))
+        except Exception as exc:  # noqa: BLE001 - a failure is a record, with its traceback
+            result = CaseResult(status="failed", reason=f"{type(exc).__name__}: {exc}",
+                                traceback=traceback.format_exc())
+        result.lookup_mechanism, result.table_in_host_memory = backend_facts(case.impl)
+        return result
+
     def run(self, case: Case, policy) -> dict[str, Any]:
+        """The case measured here (raises :class:`SkipCase`, :class:`InvalidCase`, ...): what
+        its worker reports, as one flat dict (:meth:`CaseResult.fields`)."""
+        return self.measure(case, policy).fields()
+
+    def measure(self, case: Case, policy) -> CaseResult:
+        """The case measured here, status ok (raises :class:`SkipCase`, :class:`InvalidCase`, ...)."""
         topo = Topology(case.tp, case.etp, case.dp)
         if topo.world_size != self.world_size:
             raise SkipCase(f"needs {topo.world_size} ranks, this process group has {self.world_size}")
@@ -285,7 +318,6 @@ class CaseExecutor:
             if case.sm_limit:
                 self._prepare_sm_limit(case, backend)
             id_sets = self.id_sets_for(case, topo, getattr(policy, "id_sets", 1))
-            ids = id_sets[0]
             counts = [case.num_tokens] * topo.dp if topo.replicas > 1 else None
             if type(backend).warms_cache:
                 # The hot-row cache is filled from *past* traffic (never the measured ids themselves,
@@ -293,15 +325,25 @@ class CaseExecutor:
                 backend.warm_cache(self.warmup_ids_for(case, topo))
             with _grid_cap(case, backend):
                 if case.kind == "step":
-                    rec = self._run_step(case, backend, id_sets, counts, policy, topo)
+                    measured = self._run_step(case, backend, id_sets, counts, policy, topo)
                 else:
-                    rec = self._run_lookup(case, backend, id_sets, counts, policy, topo)
-            rec.update(self.table_cost_fields())
-            rec.update(_traffic_fields(case, id_sets))
-            rec["kernel_ran"] = str(backend.kernel_name) if backend.lookup_mechanism() == "kernel" else None
-            return rec
+                    measured = self._run_lookup(case, backend, id_sets, counts, policy, topo)
+            return self._result(case, backend, measured, id_sets)
 
-    def _run_serve(self, case: Case, policy, topo: Topology, groups: Groups) -> dict[str, Any]:
+    def _result(self, case: Case, backend, measured: dict[str, Any], id_sets) -> CaseResult:
+        """A measured case's result: its measurement, the per-case ceiling entries taken out of it
+        (they go to meta.json), the table's cost, the traffic, and the backend's declared facts."""
+        cls = type(backend)
+        mechanism = cls.lookup_mechanism()
+        entries = measured.pop("random_row_ceiling_entry", None)
+        return CaseResult(
+            measurement=measured, lookup_mechanism=mechanism, table_in_host_memory=bool(cls.table_in_host_memory),
+            kernel_ran=str(backend.kernel_name) if mechanism == "kernel" else None,
+            table_cost=self.table_cost_fields(), traffic=_traffic_fields(case, id_sets),
+            host_gather_ceiling=measured.pop("host_gather_ceiling", None),
+            random_row_ceilings=list(entries) if isinstance(entries, list) else [entries] if entries else [])
+
+    def _run_serve(self, case: Case, policy, topo: Topology, groups: Groups) -> CaseResult:
         """A served decode step (:mod:`ple_bench.run.serve`): the batch from the capacity rule, the
         table (reused across cases as for any case), the whole model's step checked and timed."""
         try:
@@ -345,10 +387,7 @@ class CaseExecutor:
         rows = id_sets[0].numel()
         rec.update(rows=rows, bytes_moved=rows * case.row_bytes, row_bytes=case.row_bytes,
                    table_bytes=case.table_bytes)
-        rec.update(self.table_cost_fields())
-        rec.update(_traffic_fields(run_case, id_sets))
-        rec["kernel_ran"] = str(backend.kernel_name) if backend.lookup_mechanism() == "kernel" else None
-        return rec
+        return self._result(run_case, backend, rec, id_sets)
 
     def _prepare_sm_limit(self, case: Case, backend) -> None:
         """``sm_limit`` > 0: the prefetch side stream on a green context of that many

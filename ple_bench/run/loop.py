@@ -1,6 +1,7 @@
 """The suite loop: orders a suite's cases so tables are reused, sends each to its ranks
 (``dispatch.CaseDispatcher``: ple_bench's own worker processes, or this process under torchrun),
-derives and records every outcome as soon as it is known, survives crashes and Ctrl-C, resumes,
+turns each :class:`~ple_bench.record.CaseResult` into its record (``record.build``, derived figures
+included) and writes it as soon as it is known, survives crashes and Ctrl-C, resumes,
 shows progress.  The run's ``meta.json`` is ``provenance``'s; its report and exports are the CLI's to
 ask for, after the run."""
 
@@ -18,9 +19,8 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import record
-from ..backends import get_backend
 from ..env import CALIBRATION_ENV, CALIBRATION_FILE
-from ..record import Peers
+from ..record import Peers, RunContext
 from ..results import RunWriter, load_records, new_run_id, not_reached
 from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
 from . import provenance
@@ -94,37 +94,6 @@ def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True)
                                       for p in patterns)]
     # a chosen pinned step brings its resident baselines (not for a profile of one case)
     return with_baselines(chosen) if baselines else chosen
-
-
-def table_in_host_memory(impl: str) -> bool | None:
-    """The backend's declared capability ``table_in_host_memory`` (None when the
-    backend cannot be resolved here)."""
-    try:
-        return bool(get_backend(impl).table_in_host_memory)
-    except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
-        return None
-
-
-def lookup_mechanism(impl: str) -> str | None:
-    """How the backend moves its rows, from its declared capabilities (record field
-    ``lookup_mechanism``; None when the backend cannot be resolved here)."""
-    try:
-        cls = get_backend(impl)
-    except Exception:  # noqa: BLE001 - an unknown backend: the schema falls back on the impl name
-        return None
-    return cls.lookup_mechanism()
-
-
-def derive_record(rec: dict[str, Any], case: Case, meta: dict[str, Any], peers) -> None:
-    """The record's derived figures (:func:`ple_bench.record.derive`, the one place they
-    are computed), then the record joins ``peers`` (:class:`ple_bench.record.Peers`: the
-    overlap twins and resident baselines of the records after it)."""
-    if not isinstance(peers, record.Peers):
-        raise TypeError(f"derive_record needs a record.Peers (the run's twins and baselines), got {type(peers).__name__}")
-    rec.setdefault("table_in_host_memory", table_in_host_memory(case.impl))
-    rec.setdefault("lookup_mechanism", lookup_mechanism(case.impl))
-    record.derive(rec, meta.get("ceilings") or {}, peers)
-    peers.add(rec)
 
 
 class _Progress:
@@ -246,13 +215,16 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     interrupted = False
     executor = CaseDispatcher(options, meta, writer)
 
-    twins = Peers.of(load_records(run_dir) if done else [])  # overlap twins and resident baselines
+    # the run's meta.json (its ceilings grow as they are measured) and its records so far (overlap
+    # twins and resident baselines), for each record's derived figures
+    context = RunContext(meta, Peers.of(load_records(run_dir) if done else []))
     try:
         for case in todo:
             progress.start(case.case_id)
-            rec = executor.run_case(case, policy)
-            provenance.keep_host_gather_ceiling(rec, meta, writer)
-            derive_record(rec, case, meta, twins)
+            result = executor.run_case(case, policy)
+            provenance.keep_case_ceilings(result, meta, writer)
+            rec = record.build(case, result, context)
+            context.peers.add(rec)
             writer.append(rec)
             counts[rec["status"]] += 1
             progress.done(rec)

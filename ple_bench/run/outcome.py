@@ -1,5 +1,6 @@
 """How a case ends: one exception family (:class:`CaseOutcome`, each class naming its record status
-once) and :func:`case_record`, the record every path (pool, torchrun) builds from an outcome.
+once).  The executor turns an outcome into the status and reason of its
+:class:`~ple_bench.record.CaseResult` (``CaseExecutor.outcome``); ``record.build`` makes the record.
 
 Statuses (:data:`ple_bench.results.STATUSES`): ``ok`` (measured), ``skipped`` (cannot run on this machine; the reason says why),
 ``invalid`` (a wrong result; never timed), ``failed`` (anything else)."""
@@ -7,9 +8,6 @@ Statuses (:data:`ple_bench.results.STATUSES`): ``ok`` (measured), ``skipped`` (c
 from __future__ import annotations
 
 from typing import Any
-
-from ..results import now_iso
-from ..spec.case import Case
 
 
 class CaseOutcome(Exception):
@@ -35,13 +33,3 @@ class InvalidCase(CaseOutcome):
 
     status = "invalid"
 
-
-def case_record(case: Case, mode: str | None, status: str, reason: str = "", result: dict | None = None) -> dict:
-    """A case's record: its id, outcome, axes and world size, then what it measured."""
-    rec: dict[str, Any] = {"case_id": case.case_id, "status": status, "reason": reason,
-                           "mode": mode, "finished_at": now_iso()}
-    rec.update(case.axes())
-    rec["world_size"] = case.world_size
-    if result:
-        rec.update(result)
-    return rec

@@ -1,10 +1,12 @@
 """Worker processes: each case runs in a child process (one per rank), so that a
 fatal CUDA error, a crash or a hang takes down a worker, never the run.
 
-The parent sends ``("case", axes, policy)`` / ``("ceilings", ...)`` / ``None`` (stop)
-to every rank's pipe; each rank answers ``("ok", result)``, ``(status, reason)`` for a case
-that ended as :mod:`.outcome` says (``skipped``, ``invalid``) or ``("failed", message,
-traceback)``.  Only rank 0's result is kept."""
+The parent sends ``("case", axes, policy, options)`` / ``("ceilings",)`` / ``None`` (stop)
+to every rank's pipe.  A rank answers a case with ``(status, reason, traceback, result)``: the
+:class:`~ple_bench.record.CaseResult` its executor made, however the case ended (``ok``, or as
+:mod:`.outcome` says), which the parent turns into the record (``record.build``); anything else
+with ``("ok", payload)`` or ``("failed", message, traceback)``.  Only rank 0's reply is kept, or
+the first rank's failure."""
 
 from __future__ import annotations
 
@@ -41,7 +43,6 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
     from ..measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
     from ..measure.profiler import torch_trace_case
     from ..spec.case import Case
-    from .outcome import CaseOutcome
     from .rank import allreduce_busbw, start_rank
 
     try:
@@ -69,8 +70,10 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
                 if path and rank:  # every rank records its own windows
                     path = path[: -len(".json")] + f".rank{rank}.json"
                 with torch_trace_case(path, trace.get("max_samples")):
-                    result = executor.run(Case.from_axes(axes), TimingPolicy(**policy_dict))
-                conn.send(("ok", result))
+                    result = executor.outcome(Case.from_axes(axes), TimingPolicy(**policy_dict))
+                conn.send((result.status, result.reason, result.traceback or "", result))
+                if result.status == "failed" and any(marker in result.reason for marker in _FATAL_MARKERS):
+                    break  # the process may be poisoned: let the parent start a fresh one
             elif op == "ceilings":
                 ceilings: dict = {}
                 info = None
@@ -82,8 +85,6 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
                 conn.send(("ok", {"ceilings": ceilings, "device": info}))
             else:
                 conn.send(("failed", f"unknown op {op!r}", ""))
-        except CaseOutcome as exc:
-            conn.send((exc.status, str(exc), "", exc.fields))
         except BaseException as exc:  # noqa: BLE001
             text = f"{type(exc).__name__}: {exc}"
             conn.send(("failed", text, traceback.format_exc()))
@@ -181,7 +182,7 @@ class WorkerPool:
         replies = self._collect(timeout_s)
         for rank, reply in enumerate(replies):
             if reply[0] == "failed":
-                return ("failed", f"rank {rank}: {reply[1]}", reply[2] if len(reply) > 2 else "")
+                return ("failed", f"rank {rank}: {reply[1]}", reply[2] if len(reply) > 2 else "", *reply[3:4])
         return replies[0]
 
     def close(self) -> None:

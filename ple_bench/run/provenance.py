@@ -6,8 +6,8 @@ reopens it, :func:`finish_meta` closes it (status, end time, abort reason).  Whi
 facts measured on the ranks are added to the same file as they become known, through
 :func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
 own workers, by ``run.torchrun`` under torchrun, which also adds every rank), and the per-case
-ceilings of the records -- host-gather, random-row (:func:`keep_host_gather_ceiling`, called by the
-suite loop)."""
+ceilings of each case -- host-gather, random-row (:func:`keep_case_ceilings`, from the case's
+``CaseResult``, called by the suite loop)."""
 
 from __future__ import annotations
 
@@ -138,20 +138,19 @@ def add_measured(writer: RunWriter, meta: dict[str, Any], *, ceilings: dict[str,
     return meta
 
 
-def keep_host_gather_ceiling(rec: dict[str, Any], meta: dict[str, Any], writer) -> None:
-    """A record's per-case ceilings go into ``meta.json``, once per key: a host path's
-    host-gather ceiling per (table bytes, rows, row bytes),
-    ``ceilings["host_gather"]["<table>:<rows>:<row>"]``, and a lookup's random-row
+def keep_case_ceilings(result, meta: dict[str, Any], writer) -> None:
+    """A case's per-case ceilings (its :class:`~ple_bench.record.CaseResult`'s entries) go into
+    ``meta.json``, once per key: a host path's host-gather ceiling per (table bytes, rows, row
+    bytes), ``ceilings["host_gather"]["<table>:<rows>:<row>"]``, and a lookup's random-row
     ceiling, ``ceilings["random_row"][<its key>]`` (:func:`ple_bench.measure.ceilings.random_row_key`)."""
     found = []
-    ceiling = rec.pop("host_gather_ceiling", None)
+    ceiling = result.host_gather_ceiling
     if isinstance(ceiling, dict):
         key = f"{ceiling['table_bytes']}:{ceiling['rows']}:{ceiling['row_bytes']}"
         if ceiling.get("ids", "uniform") != "uniform":
             key += f":{ceiling['ids']}"
         found.append(("host_gather", key, ceiling))
-    entries = rec.pop("random_row_ceiling_entry", None)
-    for ceiling in entries if isinstance(entries, list) else [entries]:
+    for ceiling in result.random_row_ceilings:
         if isinstance(ceiling, dict):
             found.append(("random_row", str(ceiling["key"]), ceiling))
     if not found:

@@ -22,9 +22,10 @@ from torch.distributed import distributed_c10d as c10d
 from ..measure import device_info, measure_ceilings
 from ..measure.profiler import torch_trace_case, torch_trace_name
 from ..parallel import DEFAULT_TIMEOUT_S
-from ..results import RunWriter
+from ..record import CaseResult
+from ..results import RunWriter, now_iso
 from ..spec.case import Case
-from .outcome import CaseOutcome, SkipCase, case_record
+from .outcome import SkipCase
 from .provenance import add_measured
 from .rank import allreduce_busbw, start_rank
 
@@ -63,8 +64,9 @@ class TorchrunRanks:
         except Exception:  # noqa: BLE001
             pass
 
-    def _record(self, case: Case, status: str, reason: str = "", result: dict | None = None) -> dict:
-        return case_record(case, self.meta.get("mode"), status, reason, result)
+    @staticmethod
+    def _ended(status: str, reason: str = "", **kw) -> CaseResult:
+        return CaseResult(status=status, reason=reason, finished_at=now_iso(), **kw)
 
     def start(self) -> None:
         """First case of torchrun's world size: join the process group, make the
@@ -110,44 +112,43 @@ class TorchrunRanks:
         if rank == 0:
             add_measured(self.writer, self.meta, ceilings=found, device=found_device, ranks=ranks)
 
-    def run_case(self, case: Case, policy) -> dict[str, Any]:
+    def run_case(self, case: Case, policy) -> CaseResult:
         """Under torchrun: this process is one rank; every rank runs the same cases
         in lockstep and agrees on each case's outcome before the next one."""
         if case.world_size != self.torchrun_world:
-            return self._record(case, SkipCase.status,
-                                f"needs {case.world_size} ranks, torchrun started {self.torchrun_world}")
+            return self._ended(SkipCase.status,
+                               f"needs {case.world_size} ranks, torchrun started {self.torchrun_world}")
         if self.inproc is None:
             self.start()
         started = time.perf_counter()
-        try:
-            rec = self._record(case, "ok", "", self._traced_run(case, policy))
-        except CaseOutcome as exc:
-            rec = self._record(case, exc.status, str(exc), exc.fields or None)
-        except Exception as exc:  # noqa: BLE001
-            rec = self._record(case, "failed", f"{type(exc).__name__}: {exc}")
-            rec["traceback"] = traceback.format_exc()
+        result = self._traced_run(case, policy)
+        result.finished_at = now_iso()
         if self.torchrun_world > 1:
-            rec = self._agree(case, rec)
-        rec["duration_s"] = round(time.perf_counter() - started, 3)
-        return rec
+            result = self._agree(case, result)
+        result.duration_s = round(time.perf_counter() - started, 3)
+        return result
 
-    def _traced_run(self, case: Case, policy) -> dict[str, Any]:
-        """``self.inproc.run``, under ``run --torch-trace`` recording the case's windows into
+    def _traced_run(self, case: Case, policy) -> CaseResult:
+        """``self.inproc.outcome``, under ``run --torch-trace`` recording the case's windows into
         its run folder (the CLI refuses it under torchrun, whose other ranks write to scratch)."""
         n = self.options.torch_trace
         path = self.writer.run_dir / torch_trace_name(case.case_id, self.inproc.rank) if n else None
-        with torch_trace_case(path, n):
-            return self.inproc.run(case, policy)
+        try:
+            with torch_trace_case(path, n):
+                return self.inproc.outcome(case, policy)
+        except Exception as exc:  # noqa: BLE001 - the trace itself failed
+            return self._ended("failed", f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
 
-    def _agree(self, case: Case, rec: dict[str, Any]) -> dict[str, Any]:
-        """Every rank tells every other how the case ended.  All ok: rank 0's record
+    def _agree(self, case: Case, result: CaseResult) -> CaseResult:
+        """Every rank tells every other how the case ended.  All ok: rank 0's result
         stands.  Otherwise the case is ``failed`` (any rank failed), else ``invalid``,
         else ``skipped``, with each rank's reason (root causes before the collective
         timeouts they led to); the ranks then drop the table and its process groups,
         check the default group, and end the run if it is broken."""
         world = self.torchrun_world
-        mine = {"rank": self.inproc.rank, "case_id": case.case_id, "status": rec["status"],
-                "reason": rec["reason"], "traceback": rec.get("traceback") or ""}
+        facts = dict(lookup_mechanism=result.lookup_mechanism, table_in_host_memory=result.table_in_host_memory)
+        mine = {"rank": self.inproc.rank, "case_id": case.case_id, "status": result.status,
+                "reason": result.reason, "traceback": result.traceback or ""}
         everyone: list = [None] * world
         try:
             dist.all_gather_object(everyone, mine, group=self.agree_group)
@@ -155,29 +156,27 @@ class TorchrunRanks:
             self.abort_reason = (f"the ranks could not agree on the outcome of {case.case_id} within "
                                  f"{self.agree_timeout_s:.0f} s ({type(exc).__name__}: {exc}): a rank died or "
                                  "hung; ending the run")
-            out = self._record(case, "failed", f"rank {mine['rank']} {mine['status']}: {mine['reason']}; "
-                                               + self.abort_reason)
-            out["traceback"] = mine["traceback"]
-            return out
+            return self._ended("failed", f"rank {mine['rank']} {mine['status']}: {mine['reason']}; "
+                                         + self.abort_reason, traceback=mine["traceback"], **facts)
         where = {e["case_id"] for e in everyone}
         if len(where) > 1:
             self.abort_reason = ("the ranks are at different cases (" + ", ".join(
                 f"rank {e['rank']}: {e['case_id']}" for e in everyone) + "): they do not run the same case "
                 "list (same suite, --case and --resume on every rank?); ending the run")
-            return self._record(case, "failed", self.abort_reason)
+            return self._ended("failed", self.abort_reason, **facts)
         statuses = [e["status"] for e in everyone]
         if all(s == "ok" for s in statuses):
-            return rec
+            return result
         uniform = len(set(statuses)) == 1 and len({e["reason"] for e in everyone}) == 1
         if uniform and statuses[0] != "failed":
-            return rec  # the same skip / wrong result everywhere: the ranks stayed in step
+            return result  # the same skip / wrong result everywhere: the ranks stayed in step
         status = "failed" if "failed" in statuses else "invalid" if "invalid" in statuses else "skipped"
         bad = sorted((e for e in everyone if e["status"] != "ok"),
                      key=lambda e: (_is_collective_error(e["reason"]), e["rank"]))
         reason = "; ".join(f"rank {e['rank']} {e['status']}: {e['reason']}" for e in bad)
-        out = self._record(case, status, reason)
-        out["rank_outcomes"] = [{k: e[k] for k in ("rank", "status", "reason")} for e in everyone]
-        out["traceback"] = next((e["traceback"] for e in bad if e["traceback"]), "")
+        out = self._ended(status, reason, **facts,
+                          rank_outcomes=[{k: e[k] for k in ("rank", "status", "reason")} for e in everyone],
+                          traceback=next((e["traceback"] for e in bad if e["traceback"]), ""))
         self._recover(case)
         return out
 

@@ -15,8 +15,7 @@ from ple_bench.run.executor import CaseExecutor
 from ple_bench.measure import TimingPolicy
 from ple_bench.measure.repeat import Stopwatch, repeat_timed
 from ple_bench.record import CEILING_SLACK_PCT
-from ple_bench.record import Peers
-from ple_bench.run.loop import derive_record
+from ple_bench.record import RunContext, build
 
 pytestmark = pytest.mark.gpu
 
@@ -28,12 +27,9 @@ def _policy() -> TimingPolicy:
 
 
 def _run(ex: CaseExecutor, case: Case) -> dict:
-    rec = ex.run(case, _policy())
-    rec.update(case.axes(), case_id=case.case_id, status="ok", mode="gpu")
-    entry = rec.pop("random_row_ceiling_entry", None)
-    rec.pop("host_gather_ceiling", None)
-    derive_record(rec, case, {"ceilings": {}}, Peers())
-    rec["_entry"] = entry
+    result = ex.measure(case, _policy())
+    rec = build(case, result, RunContext({"mode": "gpu", "ceilings": {}}))
+    rec["_entry"] = result.random_row_ceilings
     return rec
 
 
