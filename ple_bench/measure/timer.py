@@ -358,18 +358,55 @@ class _CudaBatcher:
         return samples, mhz
 
 
-class _SyncBatcher:
-    """``take_batch`` for host-blocking calls: each sample one synchronized call,
-    timed by the host clock, CUDA events alongside (no stream hold)."""
+class SyncedCall:
+    """One sample of the ``host_sync`` timer, the one definition of what it times:
+    ``[L2 flush] -> device sync -> t0 -> start event -> launch() -> end event -> device sync -> t1``.
 
-    def __init__(self, device, launch: Callable[[], None], *, flusher, clocks: ClockSampler) -> None:
+    :meth:`prepare` is what comes before the clock (the flush, when there is a flusher, and
+    the sync that keeps an earlier call's GPU work out of the sample), :meth:`run` what the
+    clock times; :meth:`sample` does both and returns the host time of :meth:`run` in ms,
+    the events' GPU time of the same call in :attr:`last_event_ms`.  ``pytest suites/`` hands
+    ``run`` to pytest-benchmark as its target and ``prepare`` as its untimed setup, so its
+    host clock times exactly the engine's sample (suites/test_suite_cases.py)."""
+
+    def __init__(self, device, launch: Callable[[], Any], *, flusher=None) -> None:
         self.device = device
         self.stream = torch.cuda.current_stream(device)
         self.launch = launch
         self.flusher = flusher
-        self.clocks = clocks
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
+
+    def prepare(self) -> None:
+        if self.flusher is not None:
+            self.flusher.flush()
+        torch.cuda.synchronize(self.device)
+
+    def run(self) -> None:
+        self.start.record(self.stream)
+        self.launch()
+        self.end.record(self.stream)
+        torch.cuda.synchronize(self.device)
+
+    def sample(self) -> float:
+        self.prepare()
+        t0 = time.perf_counter_ns()
+        self.run()
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    @property
+    def last_event_ms(self) -> float:
+        return self.start.elapsed_time(self.end)
+
+
+class _SyncBatcher:
+    """``take_batch`` for host-blocking calls: each sample one synchronized call
+    (:class:`SyncedCall`), timed by the host clock, CUDA events alongside (no stream hold)."""
+
+    def __init__(self, device, launch: Callable[[], None], *, flusher, clocks: ClockSampler) -> None:
+        self.device = device
+        self.call = SyncedCall(device, launch, flusher=flusher)
+        self.clocks = clocks
         self.event_samples_ms: list[float] = []
         self.per_sample_s = 0.0
 
@@ -377,18 +414,10 @@ class _SyncBatcher:
         samples = []
         mhz = None
         for i in range(k):
-            if self.flusher is not None:
-                self.flusher.flush()
-            torch.cuda.synchronize(self.device)
-            t0 = time.perf_counter_ns()
-            self.start.record(self.stream)
-            self.launch()
-            self.end.record(self.stream)
-            torch.cuda.synchronize(self.device)
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+            samples.append(self.call.sample())
             if i == 0:  # after the sample's clock: an NVML read costs host time the call did not spend
                 mhz = self.clocks.read()  # the GPU was busy with this call a moment ago
-            self.event_samples_ms.append(self.start.elapsed_time(self.end))
+            self.event_samples_ms.append(self.call.last_event_ms)
         self.per_sample_s = sum(samples) / k / 1e3
         return samples, mhz
 

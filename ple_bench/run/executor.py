@@ -293,7 +293,7 @@ class CaseExecutor:
                 # The hot-row cache is filled from *past* traffic (never the measured ids themselves,
                 # which would hit 100% by construction).
                 backend.warm_cache(self.warmup_ids_for(case, topo))
-            with _grid_cap(case, backend):
+            with case_grid_cap(case, backend):
                 if case.kind == "step":
                     rec = self._run_step(case, backend, id_sets, counts, policy, topo)
                 else:
@@ -379,7 +379,7 @@ class CaseExecutor:
             raise SkipCase(f"ids {case.ids}: {exc}") from exc
         return [self._placed(case, s) for s in sets]
 
-    def _lookup_fn(self, case: Case, backend, ids, counts):
+    def lookup_fn(self, case: Case, backend, ids, counts):
         """A call that looks up the next id set (``ids`` is a tensor or a list of them)."""
         sets = ids if isinstance(ids, list) else [ids]
         turn = [0]
@@ -415,7 +415,7 @@ class CaseExecutor:
         """Every id set is looked up and checked; then the first again, with the
         previous output and any prefetch buffer poisoned."""
         sets = ids if isinstance(ids, list) else [ids]
-        fn = self._lookup_fn(case, backend, sets, counts)
+        fn = self.lookup_fn(case, backend, sets, counts)
         out = None
         for cur in sets:
             out = fn()
@@ -434,10 +434,10 @@ class CaseExecutor:
         id_sets = ids
         ids = id_sets[0]
         self._gate(case, backend, id_sets, counts)
-        fn = self._lookup_fn(case, backend, id_sets, counts)
+        fn = self.lookup_fn(case, backend, id_sets, counts)
         # a CUDA graph bakes in its arguments: one graph per id set, replayed in turn, L2 flushed
         # before each sample as for the eager figure -- graph and eager time the same thing
-        graph_fns = [self._lookup_fn(case, backend, s, counts) for s in id_sets]
+        graph_fns = [self.lookup_fn(case, backend, s, counts) for s in id_sets]
         multi = topo.world_size > 1
         pol = lockstep(policy) if multi else policy
         host_sync = bool(type(backend).blocks_host)
@@ -628,7 +628,7 @@ class CaseExecutor:
             raise SkipCase(str(exc)) from exc
         except step_mod.StepMismatch as exc:
             raise InvalidCase(str(exc)) from exc
-        rec.update(self._path_stats(backend, self._lookup_fn(case, backend, id_sets, counts), len(id_sets)))
+        rec.update(self._path_stats(backend, self.lookup_fn(case, backend, id_sets, counts), len(id_sets)))
         if topo.world_size > 1:
             rec.update(_slowest_rank(rec))
         rows = ids.numel()
@@ -641,7 +641,7 @@ class CaseExecutor:
 
 
 @contextlib.contextmanager
-def _grid_cap(case: Case, backend):
+def case_grid_cap(case: Case, backend):
     """``grid_frac`` < 1 caps the lookup's programs at that share of the SMs: the
     backend's ``grid_cap`` for the case (kernels that take a grid cap only,
     ``supports_grid_cap``; the reference launches one program per id)."""
