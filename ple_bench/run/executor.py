@@ -495,9 +495,12 @@ class CaseExecutor:
         distribution (:func:`ple_bench.measure.ceilings.random_row_ceiling`), measured
         the first time a case needs it and cached per worker: on the tensor the kernel
         reads (device table or the pinned table's UVA view), with ids of the case's
-        distribution over the shard's rows (``workload.make_ids``), timed as the case is."""
+        distribution over the shard's rows (``workload.make_ids``), timed as the case is;
+        gathered in ascending id order where the backend's kernel reads its rows so
+        (``backend.reads_sorted``: the sorted-order ceiling, key ending ``:sorted``)."""
         if type(backend).reads_ids_on_host or backend.weight is None:
             return {}
+        order = "sorted" if backend.reads_sorted else "random"
 
         cpu = self.device.type != "cuda"
         in_host = bool(type(backend).table_in_host_memory)
@@ -511,7 +514,8 @@ class CaseExecutor:
         own = -(-max(rows, 1) // case.num_heads) * case.num_heads
         found: dict[int, dict[str, Any]] = {}
         for n in dict.fromkeys((own, wanted)):
-            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n, alloc)
+            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n, alloc,
+                                      order)
             if key in self.random_row_ceilings:
                 found[n] = self.random_row_ceilings[key]
                 continue
@@ -522,7 +526,7 @@ class CaseExecutor:
                 c = ceil.random_row_ceiling(
                     backend.table_for_kernel(), sets, self.device, memory=memory, policy=policy,
                     cold_l2=getattr(policy, "cold_l2", None), ids=ids, num_heads=case.num_heads,
-                    table_bytes=backend.table_bytes, host_alloc=alloc)
+                    table_bytes=backend.table_bytes, host_alloc=alloc, order=order)
             except torch.OutOfMemoryError:
                 sets = None
                 if self.device.type == "cuda":
