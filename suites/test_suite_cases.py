@@ -16,7 +16,9 @@ Each test, in this process, on ple_bench's engine:
    (:class:`ple_bench.measure.SyncedCall`), elsewhere the call followed by
    ``torch.cuda.synchronize()``; the L2 flush and the sync before each round are
    pedantic's untimed ``setup``, as they are outside the engine's sample
-   (``extra_info["timer"] = "host+sync"``; ``"host"`` on a CPU);
+   (``extra_info["timer"] = "host+sync"``; ``"host"`` on a CPU); the rounds are
+   warmed up as the engine warms up (the policy's ``warmup_ms`` of calls, at least one;
+   ``extra_info["warmup_calls"]``) unless ``--ple-warmup-rounds`` says otherwise;
 4. ``benchmark.extra_info`` gets the case axes and the engine's own measurement
    (``engine_median_ms``, ``engine_samples_ms``, ``engine_timer`` = cuda_event,
    host_sync or host_monotonic, ``engine_event_median_ms`` = the CUDA-event median of a
@@ -76,7 +78,11 @@ def test_case(benchmark, ple_case, ple_session):
                 **case.axes(),
                 **_engine_fields(rec),
             )
+            warmup_rounds = ple_session.warmup_rounds
+            if warmup_rounds is None:  # the engine's warm-up, through the engine's code
+                benchmark.extra_info["warmup_calls"] = target.warm_up()
+                warmup_rounds = 0
             benchmark.pedantic(target.target, setup=target.setup, rounds=ple_session.rounds,
-                               warmup_rounds=ple_session.warmup_rounds, iterations=1)
+                               warmup_rounds=warmup_rounds, iterations=1)
         finally:
             target.close()

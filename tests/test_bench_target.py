@@ -81,6 +81,16 @@ def test_engine_sample_and_bench_round_time_the_same_call(name, monkeypatch):
         target = bench_target(executor, case, _policy())
         try:
             assert target.setup is None and target.timer == "host" and target.engine_timer == "host_monotonic"
+            # warmed up as the engine: the policy's warmup_ms (0 here) of calls, at least one
+            before = dict(calls)
+            warm = target.warm_up()
+            assert warm == m.warmup_calls == 1
+            assert {k: calls[k] - before[k] for k in calls} == {"slow": 1, "counted": 1}
+            t0 = time.perf_counter()
+            target.target()
+            target.warmup_ms = 2.5e3 * (time.perf_counter() - t0)  # two and a half calls' time
+            t0 = time.perf_counter()
+            assert target.warm_up() >= 2 and time.perf_counter() - t0 >= target.warmup_ms / 1e3
             for _ in range(3):
                 before = dict(calls)
                 t0 = time.perf_counter()

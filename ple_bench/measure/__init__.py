@@ -23,6 +23,7 @@ from .timer import (
     measure,
     measure_graph,
     run_sampling,
+    warm_up,
 )
 
 __all__ = [
@@ -31,5 +32,5 @@ __all__ = [
     "get_flusher", "l2_flush", "l2_size_bytes", "measure", "measure_ceilings", "host_gather_ceiling", "measure_graph",
     "profiler_window", "profiler_window_enabled", "random_row_ceiling", "relative_noise", "Repeats",
     "repeat_timed", "run_sampling", "Stopwatch",
-    "set_profiler_window", "stopper_for", "summarize",
+    "set_profiler_window", "stopper_for", "summarize", "warm_up",
 ]

@@ -422,9 +422,10 @@ class _SyncBatcher:
         return samples, mhz
 
 
-def _warmup(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float) -> tuple[int, float]:
-    """Call until ``warmup_ms`` of wall time have passed (at least once);
-    returns (calls, wall seconds per call)."""
+def warm_up(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float) -> tuple[int, float]:
+    """The warm-up of every measurement: call (then ``sync``) until ``warmup_ms`` of wall time
+    have passed, at least once; returns (calls, wall seconds per call).  ``pytest suites/``
+    warms its rounds up with it too (ple_bench/run/bench.py)."""
     calls = 0
     t0 = time.perf_counter()
     with annotate("warmup", color="grey"):
@@ -438,7 +439,7 @@ def _warmup(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float
 
 
 def _measure_cpu(fn, policy: TimingPolicy, label: str, clock) -> Measurement:
-    calls, per_call_s = _warmup(fn, lambda: None, policy.warmup_ms)
+    calls, per_call_s = warm_up(fn, lambda: None, policy.warmup_ms)
     estimate = {"s": per_call_s}
 
     def take_batch(k: int) -> tuple[list[float], None]:
@@ -467,7 +468,7 @@ def _measure_cuda_sync(launch, device, policy: TimingPolicy, *, cold_l2: bool, l
             flusher.flush()
         launch()
 
-    calls, _ = _warmup(warm_call, lambda: torch.cuda.synchronize(device), policy.warmup_ms)
+    calls, _ = warm_up(warm_call, lambda: torch.cuda.synchronize(device), policy.warmup_ms)
     batcher = _SyncBatcher(device, launch, flusher=flusher, clocks=clocks)
     with annotate("measurement", color="green"), profiler_window(), torch_trace_window(label) as traced:
         res = run_sampling(
@@ -491,7 +492,7 @@ def _measure_cuda(launch, device, policy: TimingPolicy, *, cold_l2: bool, label:
             flusher.flush()
         (warmup_call or launch)()
 
-    calls, per_call_s = _warmup(warm_call, stream.synchronize, policy.warmup_ms)
+    calls, per_call_s = warm_up(warm_call, stream.synchronize, policy.warmup_ms)
     # the warm-up's wall time per call includes the GPU time and a sync: an
     # upper bound of the host's enqueue time, capped so the first hold is short
     batcher = _CudaBatcher(device, launch, flusher=flusher, clocks=clocks, divisor=divisor,

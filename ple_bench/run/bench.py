@@ -16,7 +16,11 @@ of it:
   :class:`~ple_bench.measure.timer.SyncedCall` (``run`` timed, ``prepare`` -- the L2 flush where
   the engine flushed, and the sync -- as the untimed setup); elsewhere the callable followed by a
   device sync, with the same untimed flush before it.  On a CPU the callable alone (the engine's
-  CPU timer calls it alone too).
+  CPU timer calls it alone too);
+* warmed up as the engine warms up each measurement (:meth:`BenchTarget.warm_up`: the policy's
+  ``warmup_ms`` of calls, at least one, through :func:`ple_bench.measure.warm_up`), so that both
+  clocks sample the same state of the path (a suite with ``warmup_ms = 0``, as ``smoke``, samples
+  its first calls on both).
 
 :func:`bench_target` raises :class:`~ple_bench.run.outcome.SkipCase` where the engine would skip
 and :class:`~ple_bench.run.outcome.InvalidCase` for a wrong result (never timed)."""
@@ -52,6 +56,21 @@ class BenchTarget:
     timed: str  # "decode step", "lookup" or "lookup graph replay"
     id_sets: int
     cold_l2: bool  # the L2 is flushed before each round, as before each of the engine's samples
+    warmup_ms: float = 0.0  # the engine's warm-up of the case's measurements (its policy's warmup_ms)
+
+    def one_round(self) -> None:
+        """One round, its setup included (a warm-up call)."""
+        if self.setup is not None:
+            self.setup()
+        self.target()
+
+    def warm_up(self) -> int:
+        """Warm the target up as the engine warms up each measurement
+        (:func:`ple_bench.measure.warm_up`: ``warmup_ms`` of wall time, at least one call);
+        returns the calls made.  Every round ends complete (a CUDA round syncs), so there is
+        nothing more to wait for between calls."""
+        calls, _ = m.warm_up(self.one_round, lambda: None, self.warmup_ms)
+        return calls
 
 
 def engine_times_host_sync(case, backend) -> bool:
@@ -108,8 +127,9 @@ def bench_target(executor: CaseExecutor, case, policy) -> BenchTarget:
     host_sync = engine_times_host_sync(case, backend)
     timed = "decode step" if case.kind == "step" else ("lookup graph replay" if case.graph == "full" else "lookup")
     n_sets = 1 if (case.kind == "lookup" and case.graph == "full") else len(id_sets)
+    warmup_ms = float(getattr(policy, "warmup_ms", 0.0))
     if device.type != "cuda":
-        return BenchTarget(fn, None, close, "host", "host_monotonic", timed, n_sets, False)
+        return BenchTarget(fn, None, close, "host", "host_monotonic", timed, n_sets, False, warmup_ms)
     # the engine's primary measurement of a lookup flushes the L2 before each sample when the
     # policy says so (eager and graph alike); a step's never does
     cold = case.kind == "lookup" and bool(getattr(policy, "cold_l2", False))
@@ -117,7 +137,7 @@ def bench_target(executor: CaseExecutor, case, policy) -> BenchTarget:
     if host_sync:
         call = m.SyncedCall(device, fn, flusher=flusher)
         return BenchTarget(call.run, call.prepare, close, "host+sync", "host_sync",
-                           timed, n_sets, flusher is not None)
+                           timed, n_sets, flusher is not None, warmup_ms)
 
     def synced() -> None:
         fn()
@@ -128,5 +148,5 @@ def bench_target(executor: CaseExecutor, case, policy) -> BenchTarget:
             flusher.flush()
         torch.cuda.synchronize(device)
     return BenchTarget(synced, prepare, close, "host+sync", "cuda_event", timed, n_sets,
-                       flusher is not None)
+                       flusher is not None, warmup_ms)
 
