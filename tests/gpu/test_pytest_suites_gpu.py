@@ -67,7 +67,7 @@ def test_smoke_suite_as_benchmarks_on_the_gpu(tmp_path):
     # engine's own timed callable, warmed up as the engine warms up, and for host_sync cases the
     # engine's own sample (ple_bench/run/bench.py): before that, a second copy of the step warmed
     # up by 10 rounds against the engine's one call (smoke's warmup_ms = 0) came out at 0.43 ms
-    # against the engine's 0.874 ms events on a copy-engine step at 8 tokens.
+    # against the engine's 0.874 ms on a copy-engine step at 8 tokens (issue 34).
     too_fast = {}
     for cid, b in benches.items():
         host_ms = b["stats"]["median"] * 1e3
