@@ -537,6 +537,19 @@ def row_ceiling(ceilings: Mapping[str, Any], base: str, row_bytes: Any) -> tuple
     return name, value, size
 
 
+def random_row_ceiling_name(key: Any, *, at_rows: bool = False) -> str:
+    """The ``ceiling`` name of a random-row ceiling from its meta.json key
+    (``<memory>:...[:<host_alloc>][:sorted]``, :func:`ple_bench.measure.ceilings.random_row_key`):
+    ``<memory>_random_row``, ``<memory>_sorted_random_row`` for the rows gathered in ascending
+    id order (a kernel that reads them so), ``_at_rows`` appended for the ceiling at the lookup's
+    own row count."""
+    parts = str(key or "").split(":")
+    memory = parts[0]
+    name = "sorted_random_row" if len(parts) > 1 and parts[-1] == "sorted" else "random_row"
+    name = f"{memory}_{name}" if memory else name
+    return f"{name}_at_rows" if at_rows else name
+
+
 def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[str, Any]:
     """The ceiling a lookup record is held against (see the ``ceiling`` field):
     ``{"ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling", "ceiling_exceeded"}``,
@@ -566,15 +579,11 @@ def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[
         out["pct_of_ceiling"] = 100.0 * ms / median if median and median > 0 else None
         return _flag(out)
     if at_rows is not None and at_rows > 0:
-        key = str(rec.get("random_row_ceiling_at_rows") or "")
-        memory = key.split(":", 1)[0] if key else ""
-        out["ceiling"] = f"{memory}_random_row_at_rows" if memory else "random_row_at_rows"
+        out["ceiling"] = random_row_ceiling_name(rec.get("random_row_ceiling_at_rows"), at_rows=True)
         out["ceiling_gbps"] = at_rows
         out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
     elif own is not None and own > 0:
-        key = str(rec.get("random_row_ceiling") or "")
-        memory = key.split(":", 1)[0] if key else ""
-        out["ceiling"] = f"{memory}_random_row" if memory else "random_row"
+        out["ceiling"] = random_row_ceiling_name(rec.get("random_row_ceiling"))
         out["ceiling_gbps"] = own
         out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
     elif rec.get("mode") not in (None, "gpu"):

@@ -197,6 +197,7 @@ def _check_instance(c: _Checker, cls: type, dtype: str, vocab: int, dim: int, he
 
 def _check_reports(c: _Checker, b: PLEEmbedding) -> None:
     c.check(isinstance(b.supports_grid_cap, bool), "supports_grid_cap is not a bool")
+    c.check(isinstance(b.reads_sorted, bool), "reads_sorted is not a bool")
     c.check(b.grid_cap is None, f"grid_cap is {b.grid_cap!r} before any is set (expected None)")
     c.check(isinstance(b.stats(), dict), "stats() is not a dict")
     c.check(isinstance(b.host_thread_s, float), "host_thread_s is not a float")

@@ -12,8 +12,10 @@ Options:
   ``smoke`` without).  Without a GPU a suite with ``functional_fallback`` is
   replaced by its fallback, as ``python -m ple_bench run`` does.
 * ``--ple-rounds N`` / ``--ple-warmup-rounds N``: ``benchmark.pedantic``'s rounds
-  and warm-up rounds (default: from the suite's timing policy; see
-  :func:`default_rounds`).
+  (default: from the suite's timing policy; see :func:`default_rounds`) and warm-up
+  rounds (default: none -- each case is warmed up as the engine warms up its
+  measurements, the policy's ``warmup_ms`` of calls, at least one; see
+  ple_bench/run/bench.py).
 
 The repository's plain ``pytest`` does not come here (``testpaths = ["tests"]``);
 name ``suites/`` explicitly.  The suite loader only reads ``*.toml`` files, so
@@ -52,7 +54,8 @@ def pytest_addoption(parser):
     group.addoption("--ple-rounds", type=int, default=None, metavar="N",
                     help="benchmark.pedantic rounds per case (default: from the suite's timing policy)")
     group.addoption("--ple-warmup-rounds", type=int, default=None, metavar="N",
-                    help="benchmark.pedantic warm-up rounds per case (default: 1 on CPU, 10 on CUDA)")
+                    help="benchmark.pedantic warm-up rounds per case (default: the engine's warm-up, "
+                         "the suite's warmup_ms of calls, at least one)")
 
 
 class SuiteSession:
@@ -85,7 +88,7 @@ class SuiteSession:
         if warmup is not None and warmup < 0:
             raise pytest.UsageError("--ple-warmup-rounds must be >= 0")
         self.rounds = rounds if rounds is not None else default_rounds(self.policy)
-        self.warmup_rounds = warmup if warmup is not None else (10 if self.gpu else 1)
+        self.warmup_rounds = warmup  # None: the engine's warm-up (BenchTarget.warm_up)
         self._executor = None
 
     @property
@@ -128,8 +131,10 @@ def _session(config) -> SuiteSession:
 
 def pytest_report_header(config):
     s = _session(config)
+    warmup = (f"warmup_rounds={s.warmup_rounds}" if s.warmup_rounds is not None
+              else f"warm-up as the engine's (warmup_ms={s.policy.warmup_ms:g})")
     lines = [f"ple_bench suite: {s.suite.name} ({s.suite.path}), {len(s.suite)} cases, {s.mode} mode, "
-             f"pedantic rounds={s.rounds} warmup_rounds={s.warmup_rounds}"]
+             f"pedantic rounds={s.rounds} {warmup}"]
     if s.note:
         lines.append(f"ple_bench: {s.note}")
     return lines

@@ -8,16 +8,21 @@ Each test, in this process, on ple_bench's engine:
    correctness gate (bit-exact against the synthetic reference, outputs poisoned)
    and measures the case with :func:`ple_bench.measure.measure` -- ``SkipCase`` ->
    skipped, ``InvalidCase`` -> failed (a wrong result is never timed);
-3. ``benchmark.pedantic`` times the same lookup (or the decode step of a
-   ``kind="step"`` case), rotating through the same id sets as the engine (policy
-   ``id_sets``; a graph replay repeats the first set), one call per round followed
-   by ``torch.cuda.synchronize()``
-   on CUDA, so pytest-benchmark's host timer sees completed GPU work
-   (``extra_info["timer"] = "host+sync"``; ``"host"`` on a CPU);
+3. ``benchmark.pedantic`` times the engine's own timed callable of the case
+   (:func:`ple_bench.run.bench.bench_target`: the lookup, the lookup's graph replays, or
+   the decode step with its id refill, rotating through the same id sets as the engine),
+   one call per round: on CUDA, where the engine times synchronized calls on the host
+   clock (``host_sync``), the round is the engine's own sample
+   (:class:`ple_bench.measure.SyncedCall`), elsewhere the call followed by
+   ``torch.cuda.synchronize()``; the L2 flush and the sync before each round are
+   pedantic's untimed ``setup``, as they are outside the engine's sample
+   (``extra_info["timer"] = "host+sync"``; ``"host"`` on a CPU); the rounds are
+   warmed up as the engine warms up (the policy's ``warmup_ms`` of calls, at least one;
+   ``extra_info["warmup_calls"]``) unless ``--ple-warmup-rounds`` says otherwise;
 4. ``benchmark.extra_info`` gets the case axes and the engine's own measurement
-   (``engine_median_ms``, ``engine_samples_ms``, ``engine_timer`` = cuda_event or
-   host_monotonic, ``engine_event_median_ms`` = the CUDA-event median of a host_sync
-   measurement, and the record's other scalar fields prefixed ``engine_``);
+   (``engine_median_ms``, ``engine_samples_ms``, ``engine_timer`` = cuda_event,
+   host_sync or host_monotonic, ``engine_event_median_ms`` = the CUDA-event median of a
+   host_sync measurement, and the record's other scalar fields prefixed ``engine_``);
    ``benchmark.group`` is ``<suite>/<kind>``.
 """
 
@@ -26,15 +31,10 @@ from __future__ import annotations
 import statistics
 
 import pytest
-import torch
 
-from ple_bench.run.executor import _grid_cap
+from ple_bench.run.bench import bench_target
+from ple_bench.run.executor import case_grid_cap
 from ple_bench.run.outcome import InvalidCase, SkipCase
-from ple_bench.parallel import Topology
-
-#: a step rotates through at least this many id sets when the policy gives fewer
-#: (as CaseExecutor._run_step does: fresh rows each step)
-STEP_MIN_ID_SETS = 8
 
 
 def _engine_fields(rec: dict) -> dict:
@@ -50,58 +50,6 @@ def _engine_fields(rec: dict) -> dict:
     return out
 
 
-def _sync_after(fn, device: torch.device):
-    if device.type != "cuda":
-        return fn
-
-    def timed():
-        out = fn()
-        torch.cuda.synchronize(device)
-        return out
-    return timed
-
-
-def _lookup_target(executor, case, backend, id_sets):
-    from ple_bench import measure as m
-
-    if case.graph == "full":
-        # the engine timed graph replays; so do we: a graph bakes in its ids, so one graph per
-        # id set, replayed in turn
-        graphs = [m.capture_graph(executor._lookup_fn(case, backend, s, None), executor.device,
-                                  label="lookup_graph") for s in id_sets]
-        turn = [0]
-
-        def replay():
-            graphs[turn[0] % len(graphs)].replay()
-            turn[0] += 1
-        return replay, None
-    return executor._lookup_fn(case, backend, id_sets, None), None  # one id set per call, in turn
-
-
-def _step_target(executor, case, backend, sets):
-    from ple_bench.run import step as step_mod
-
-    step = step_mod.DecodeStep(backend, hidden=case.hidden, num_tokens=case.num_tokens,
-                               compute_us=case.compute_us, prefetch=case.prefetch, graph=case.graph,
-                               device=executor.device, ids_on=case.ids_on)
-    try:
-        step_mod.check_step(step, sets, executor.table.seed)
-    except NotImplementedError as exc:
-        step.close()
-        pytest.skip(f"decode step not timed here: {exc}")
-    except step_mod.StepMismatch as exc:
-        step.close()
-        pytest.fail(f"invalid: {exc}", pytrace=False)
-    run = step.runner("step")
-    position = [0]
-
-    def fn():
-        step.set_inputs(sets[position[0] % len(sets)])
-        position[0] += 1
-        return run()
-    return fn, step.close
-
-
 def test_case(benchmark, ple_case, ple_session):
     case = ple_case
     if case.world_size > 1:
@@ -115,31 +63,26 @@ def test_case(benchmark, ple_case, ple_session):
     except InvalidCase as exc:
         pytest.fail(f"invalid (wrong result, not timed): {exc}", pytrace=False)
 
-    topo = Topology(case.tp, case.etp, case.dp)
-    backend = executor.table.backend
-    device = executor.device
-    # the id sets the engine rotated through (CaseExecutor.run): same seeds, same order
-    id_sets = executor.id_sets_for(case, topo, getattr(ple_session.policy, "id_sets", 1))
-    if case.kind == "step" and len(id_sets) < 2:
-        id_sets = executor.id_sets_for(case, topo, STEP_MIN_ID_SETS)
-    with _grid_cap(case, backend):
-        if case.kind == "step":
-            fn, cleanup = _step_target(executor, case, backend, id_sets)
-        else:
-            fn, cleanup = _lookup_target(executor, case, backend, id_sets)
+    with case_grid_cap(case, executor.table.backend):
+        try:
+            target = bench_target(executor, case, ple_session.policy)
+        except SkipCase as exc:
+            pytest.skip(str(exc))
+        except InvalidCase as exc:
+            pytest.fail(f"invalid: {exc}", pytrace=False)
         try:
             benchmark.group = f"{ple_session.suite.name}/{case.kind}"
             benchmark.extra_info.update(
                 suite=ple_session.suite.name, case_id=case.case_id, mode=ple_session.mode,
-                timer="host+sync" if device.type == "cuda" else "host",
-                id_sets=1 if (case.kind == "lookup" and case.graph == "full") else len(id_sets),
-                timed="decode step" if case.kind == "step" else
-                      ("lookup graph replay" if case.graph == "full" else "lookup"),
+                timer=target.timer, id_sets=target.id_sets, timed=target.timed, cold_l2=target.cold_l2,
                 **case.axes(),
                 **_engine_fields(rec),
             )
-            benchmark.pedantic(_sync_after(fn, device), rounds=ple_session.rounds,
-                               warmup_rounds=ple_session.warmup_rounds, iterations=1)
+            warmup_rounds = ple_session.warmup_rounds
+            if warmup_rounds is None:  # the engine's warm-up, through the engine's code
+                benchmark.extra_info["warmup_calls"] = target.warm_up()
+                warmup_rounds = 0
+            benchmark.pedantic(target.target, setup=target.setup, rounds=ple_session.rounds,
+                               warmup_rounds=warmup_rounds, iterations=1)
         finally:
-            if cleanup is not None:
-                cleanup()
+            target.close()

@@ -371,3 +371,105 @@ def test_the_archived_h200_run_presents_no_lookup_above_its_ceiling_as_fast():
     assert above, "the run has two lookups above their ceiling (dedup, hot cache); the findings name them"
     for t in above:
         assert "does not bind" in t or "is wrong" in t, t
+
+
+# ------------------------------------------------- kernels that read their rows sorted
+
+def test_a_kernel_declared_sorted_reads_is_known_by_its_declaration_not_its_name(monkeypatch):
+    from ple_bench.backends import get_backend, kernels
+    from ple_bench.backends.kernels import get_kernel, kernel_names, sorted_reads
+
+    def plain(table, flat_ids, out, vocab_start, vocab_end):
+        get_kernel("torch_masked")(table, flat_ids, out, vocab_start, vocab_end)
+
+    kernel_names()  # the registry complete before two kernels of this test's own join it (and leave)
+    monkeypatch.setitem(kernels._KERNELS, "test_plain_reader", plain)
+    monkeypatch.setitem(kernels._KERNELS, "test_sorting_reader", sorted_reads(lambda *a: plain(*a)))
+    b = get_backend("pinned_uva")(64, 16, dtype=torch.float32, device="cpu")
+    try:
+        seen = {}
+        for name in ("torch_masked", "triton_tuned", "dedup_triton", "dedup_torch", "dedup:torch_index",
+                     "test_plain_reader", "test_sorting_reader"):
+            b.set_kernel(name)
+            seen[name] = b.reads_sorted
+    finally:
+        b.close()
+    assert seen == {"torch_masked": False, "triton_tuned": False, "dedup_triton": True, "dedup_torch": True,
+                    "dedup:torch_index": True, "test_plain_reader": False, "test_sorting_reader": True}
+    # every dedup variant declares it (its plan sorts the ids); no other built-in does
+    assert {k for k in kernel_names() if not k.startswith("test_")
+            and getattr(get_kernel(k), "reads_sorted", False)} == {
+        k for k in kernel_names() if k.startswith("dedup")}
+
+
+def test_the_sorted_ceiling_gathers_the_same_rows_in_ascending_order(monkeypatch):
+    gathered = []
+    real = torch.index_select
+
+    def spy(table, dim, index, *, out=None):
+        gathered.append(index.clone())
+        return real(table, dim, index, out=out)
+
+    ids = [torch.tensor([[9, 3], [3, 40], [7, 1]]), torch.tensor([[5, 63], [0, 2], [2, 11]])]
+    table = torch.arange(64 * 4, dtype=torch.int32).reshape(64, 4)
+    monkeypatch.setattr(torch, "index_select", spy)
+    entry = ceil.random_row_ceiling(table, ids, "cpu", memory="host", policy=_policy(), num_heads=2,
+                                    order="sorted")
+    random = ceil.random_row_ceiling(table, ids, "cpu", memory="host", policy=_policy(), num_heads=2)
+    monkeypatch.setattr(torch, "index_select", real)
+    assert entry["order"] == "sorted" and entry["key"].endswith(":sorted")
+    assert random["order"] == "random" and not random["key"].endswith(":sorted")
+    assert entry["key"] == random["key"] + ":sorted"
+    want = {tuple(sorted(s.reshape(-1).tolist())) for s in ids}  # the same rows, duplicates kept
+    sorted_calls = {tuple(g.tolist()) for g in gathered[:len(gathered) // 2]}
+    assert sorted_calls == want
+    assert {tuple(g.tolist()) for g in gathered[len(gathered) // 2:]} == {tuple(s.reshape(-1).tolist()) for s in ids}
+    with pytest.raises(ValueError, match="row order"):
+        ceil.random_row_key("host", 1, 16, "uniform", 2, 8, order="shuffled")
+
+
+def test_a_sorted_kernel_case_is_held_against_the_sorted_ceiling(monkeypatch):
+    orders = []
+    real = ceil.random_row_ceiling
+
+    def spy(table, id_sets, device, **kw):
+        orders.append(kw.get("order", "random"))
+        return real(table, id_sets, device, **kw)
+
+    monkeypatch.setattr(ceil, "random_row_ceiling", spy)
+    ex = CaseExecutor()
+    try:
+        dedup = derive({**ex.run(_case(kernel="dedup_torch"), _policy()), "status": "ok", "mode": "functional"}, {})
+        plain = derive({**ex.run(_case(kernel="torch_masked"), _policy()), "status": "ok", "mode": "functional"}, {})
+    finally:
+        ex.release_table()
+    # the dedup case's two ceilings (its own rows, the bandwidth-bound batch) are sorted, the plain one's not
+    assert orders == ["sorted", "sorted", "random", "random"]
+    assert dedup["random_row_ceiling"].endswith(":sorted") and dedup["random_row_ceiling_at_rows"].endswith(":sorted")
+    assert dedup["ceiling"] == "host_sorted_random_row_at_rows"
+    assert {e["order"] for e in dedup["random_row_ceiling_entry"]} == {"sorted"}
+    assert plain["ceiling"] == "host_random_row_at_rows" and not plain["random_row_ceiling"].endswith(":sorted")
+
+
+def test_a_sorted_ceiling_is_named_so_and_its_finding_names_the_kernel():
+    from ple_bench.record import random_row_ceiling_name
+    from ple_bench.report.data import Run
+    from ple_bench.report.findings import ceiling_findings
+
+    key = ceil.random_row_key("pinned", 1 << 30, 160, "uniform", 16, 1 << 18, order="sorted")
+    assert random_row_ceiling_name(key) == "pinned_sorted_random_row"
+    assert random_row_ceiling_name(key, at_rows=True) == "pinned_sorted_random_row_at_rows"
+    assert random_row_ceiling_name(key[: -len(":sorted")]) == "pinned_random_row"
+    exact = ceil.random_row_key("pinned", 1 << 30, 160, "uniform", 16, 8, host_alloc="exact", order="sorted")
+    assert random_row_ceiling_name(exact) == "pinned_sorted_random_row"
+    assert random_row_ceiling_name(exact[: -len(":sorted")]) == "pinned_random_row"  # ends with its host_alloc
+
+    gbps = 5.24288
+    rec = _lookup("pinned_uva", "uniform", 0.5, gbps / 1.37, memory="pinned")
+    rec["random_row_ceiling"] = key
+    rec["kernel"] = rec["kernel_ran"] = "dedup_triton"
+    rec = derive(rec, RUN_CEILINGS)
+    assert rec["ceiling"] == "pinned_sorted_random_row" and rec["ceiling_exceeded"] is True
+    warn = [f.text for f in ceiling_findings(Run(Path("r"), {"mode": "gpu"}, [rec])) if f.level == "warn"]
+    assert len(warn) == 1 and "this pinned_uva (kernel dedup_triton) case" in warn[0]
+    assert f"pinned_sorted_random_row [{key}]" in warn[0]

@@ -243,14 +243,14 @@ def test_engine_grid_frac_sets_the_backends_cap_not_a_global():
     b = DeviceResidentEmbedding(100, 8, device="cpu", kernel=kernel)
     b.fill_synthetic(0)
     before = fast_kernels.get_max_programs()
-    with executor._grid_cap(types.SimpleNamespace(grid_frac=0.5), b):
+    with executor.case_grid_cap(types.SimpleNamespace(grid_frac=0.5), b):
         assert b.grid_cap == fast_kernels.max_programs_for_grid_frac(0.5, b.device)
         assert fast_kernels.get_max_programs() == before
         b.lookup(torch.tensor([[1]]))
     assert b.grid_cap is None and seen == [fast_kernels.max_programs_for_grid_frac(0.5, b.device)]
     plain = DeviceResidentEmbedding(100, 8, device="cpu")
     with pytest.raises(executor.SkipCase, match="needs a kernel with a grid cap .*triton_tuned"):
-        with executor._grid_cap(types.SimpleNamespace(grid_frac=0.5), plain):
+        with executor.case_grid_cap(types.SimpleNamespace(grid_frac=0.5), plain):
             pass
 
 

@@ -43,7 +43,9 @@ measured), ``side_stream_settings`` (which of :data:`SIDE_STREAM_SETTINGS` the p
 stream honours) and
 ``sm_limit_refusal`` (why ``sm_limit`` does not apply, "" if it does).
 Per instance: :attr:`PLEEmbedding.supports_grid_cap` (the lookup kernel takes a
-grid cap, see :attr:`PLEEmbedding.grid_cap`).
+grid cap, see :attr:`PLEEmbedding.grid_cap`) and :attr:`PLEEmbedding.reads_sorted` (the lookup
+kernel reads the table's rows in ascending id order: its random-row ceiling is gathered in
+sorted order too).
 
 *Settings* (instance attributes with defaults): ``stream_priority``,
 ``sm_limit`` (set through :meth:`PLEEmbedding.set_side_stream_setting`),
@@ -83,7 +85,7 @@ from ..annotate import annotate
 from ..env import resolve_device
 from ..parallel import Groups
 from .formats import StorageFormat, int_view
-from .kernels import get_kernel, takes_grid_cap
+from .kernels import get_kernel, kernel_reads_sorted, takes_grid_cap
 from .synthetic import fill_synthetic
 import torch.distributed as dist
 
@@ -278,6 +280,13 @@ class PLEEmbedding(ABC):
     def supports_grid_cap(self) -> bool:
         """The lookup kernel takes a grid cap (``max_programs``): :attr:`grid_cap` applies."""
         return takes_grid_cap(self.kernel)
+
+    @property
+    def reads_sorted(self) -> bool:
+        """The lookup kernel reads the table's rows in ascending id order (it was declared
+        :func:`~ple_bench.backends.kernels.sorted_reads`, as the ``dedup`` kernels are): the
+        engine holds it against a random-row ceiling gathered in that order."""
+        return kernel_reads_sorted(self.kernel)
 
     @property
     def grid_cap(self) -> int | None:

@@ -40,6 +40,7 @@ from .kernels import (
     grid_capped,
     kernel_names,
     register_kernel,
+    sorted_reads,
     takes_grid_cap,
     torch_masked_lookup,
 )
@@ -406,6 +407,8 @@ def make_dedup_kernel(inner: str | LookupKernel) -> LookupKernel:
         torch.index_select(rows, 0, inverse, out=out)
 
     dedup_lookup.__name__ = f"dedup_{getattr(inner_fn, '__name__', 'kernel')}"
+    # the inner kernel reads the distinct ids in ascending order (dedup_plan sorts them)
+    sorted_reads(dedup_lookup)
     return grid_capped(dedup_lookup) if takes_grid_cap(inner_fn) else dedup_lookup
 
 

@@ -14,6 +14,12 @@ A kernel that can cap its grid also takes ``max_programs=`` (an int: the most
 programs it launches) and says so with :func:`grid_capped` (the backend's
 ``grid_cap`` setting is then passed to it on every call, see
 :meth:`PLEEmbedding.run_kernel`).
+
+A kernel that reads the table's rows in ascending id order (it sorts the ids first, as the
+``dedup`` kernels do) says so with :func:`sorted_reads`: the engine then holds it against a
+random-row ceiling gathered in sorted order (:attr:`PLEEmbedding.reads_sorted`), since sorted
+access buys locality (pages, TLB entries, DRAM and PCIe row buffers) that a random-order gather
+does not get.
 """
 
 from __future__ import annotations
@@ -48,6 +54,17 @@ def grid_capped(fn: LookupKernel) -> LookupKernel:
 def takes_grid_cap(kernel: LookupKernel) -> bool:
     """Whether ``kernel`` was declared :func:`grid_capped`."""
     return bool(getattr(kernel, "takes_max_programs", False))
+
+
+def sorted_reads(fn: LookupKernel) -> LookupKernel:
+    """Declare that ``fn`` reads the table's rows in ascending id order."""
+    fn.reads_sorted = True  # type: ignore[attr-defined]
+    return fn
+
+
+def kernel_reads_sorted(kernel: LookupKernel) -> bool:
+    """Whether ``kernel`` was declared :func:`sorted_reads`."""
+    return bool(getattr(kernel, "reads_sorted", False))
 
 
 def register_kernel(name: str) -> Callable[[LookupKernel], LookupKernel]:

@@ -17,18 +17,20 @@ from .stopping import Criterion, RelativeNoise, SampleCount, Stopper, TimeBudget
 from .timer import (
     GraphCaptureError,
     Measurement,
+    SyncedCall,
     TimingPolicy,
     capture_graph,
     measure,
     measure_graph,
     run_sampling,
+    warm_up,
 )
 
 __all__ = [
     "ClockSampler", "Criterion", "GraphCaptureError", "L2Flusher", "Measurement", "RelativeNoise",
-    "SampleCount", "Stopper", "TimeBudget", "TimingPolicy", "capture_graph", "device_info",
+    "SampleCount", "Stopper", "SyncedCall", "TimeBudget", "TimingPolicy", "capture_graph", "device_info",
     "get_flusher", "l2_flush", "l2_size_bytes", "measure", "measure_ceilings", "host_gather_ceiling", "measure_graph",
     "profiler_window", "profiler_window_enabled", "random_row_ceiling", "relative_noise", "Repeats",
     "repeat_timed", "run_sampling", "Stopwatch",
-    "set_profiler_window", "stopper_for", "summarize",
+    "set_profiler_window", "stopper_for", "summarize", "warm_up",
 ]

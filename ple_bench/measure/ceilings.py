@@ -32,7 +32,10 @@ case's policy: the same L2 flushing, rotating id sets):
   rows, a pinned table's non-default ``host_alloc``): ``torch.index_select`` of rows
   of the case's id distribution (the workload module's, same parameters) from the tensor the case's kernel reads (device table,
   the pinned table's UVA view, or the CPU table in functional mode); bytes = rows x
-  row bytes, as the lookup's GB/s counts them;
+  row bytes, as the lookup's GB/s counts them.  For a kernel that reads its rows in
+  ascending id order (``PLEEmbedding.reads_sorted``: the ``dedup`` kernels) the same
+  rows are gathered sorted (``order="sorted"``, key ending ``:sorted``): a random-order
+  gather does not bound a sorted reader;
 * :func:`host_gather_ceiling` (``ceilings["host_gather"]``, keyed
   ``<table bytes>:<rows>:<row bytes>``; host-side paths): a plain
   ``torch.index_select`` of that many uniform random rows of the case's own pinned
@@ -311,14 +314,24 @@ def random_row_rows(rows: int, row_bytes: int, num_heads: int, *, cpu: bool = Fa
     return -(-n // heads) * heads
 
 
+#: the orders a random-row ceiling gathers its rows in: as drawn, or sorted by id (the order a
+#: kernel declared ``sorted_reads`` reads them in; the key ends ``:sorted``)
+ROW_ORDERS = ("random", "sorted")
+
+
 def random_row_key(memory: str, table_bytes: int, row_bytes: int, ids: str, num_heads: int, rows: int,
-                   host_alloc: str = "torch") -> str:
+                   host_alloc: str = "torch", order: str = "random") -> str:
     """``meta.json`` ``ceilings["random_row"]`` key of one random-row ceiling:
     ``<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>``, then ``:<host_alloc>``
     for a pinned table not allocated by torch (``exact``, ``exact_huge``: other pages,
-    other address translation, another ceiling)."""
+    other address translation, another ceiling), then ``:sorted`` for the rows gathered in
+    ascending id order (``order="sorted"``: the ceiling of a kernel that reads them so)."""
+    if order not in ROW_ORDERS:
+        raise ValueError(f"unknown row order {order!r}; allowed: {', '.join(ROW_ORDERS)}")
     key = f"{memory}:{int(table_bytes)}:{int(row_bytes)}:{ids}:h{int(num_heads)}:n{int(rows)}"
-    return key if host_alloc in ("", "torch") else f"{key}:{host_alloc}"
+    if host_alloc not in ("", "torch"):
+        key = f"{key}:{host_alloc}"
+    return f"{key}:sorted" if order == "sorted" else key
 
 
 def _word_view(table: torch.Tensor) -> torch.Tensor:
@@ -336,7 +349,7 @@ def _word_view(table: torch.Tensor) -> torch.Tensor:
 def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device, *, memory: str,
                        policy: "TimingPolicy | None" = None, cold_l2: bool | None = None,
                        ids: str = "uniform", num_heads: int = 1, table_bytes: int | None = None,
-                       host_alloc: str = "torch") -> dict[str, Any]:
+                       host_alloc: str = "torch", order: str = "random") -> dict[str, Any]:
     """The random-row ceiling of one case's table: ``torch.index_select`` of the rows of
     ``id_sets`` (each a flat tensor of row ids of the case's distribution; one per call,
     in turn) from ``table`` (the tensor the case's kernel reads: device memory, the
@@ -345,9 +358,17 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
     Timed as the case's lookups are: :func:`ple_bench.measure.timer.measure` (CUDA
     events behind the launch-hiding spin, the L2 flushed before each sample when
     ``cold_l2``, default the policy's) under :func:`bounded_policy` of ``policy``.
-    Bytes as the cases count them: rows x row bytes.  Returns ``key``, ``memory``,
-    ``ms``, ``gbps``, ``rows_per_s``, ``rows``, ``row_bytes``, ``table_bytes``, ``ids``,
-    ``num_heads``, ``host_alloc``, ``id_sets``, ``cold_l2``, ``timer``, ``repeats``."""
+    Bytes as the cases count them: rows x row bytes.
+
+    ``order="sorted"``: each id set is sorted (duplicates kept: the same rows, in ascending
+    order) before it is timed -- the ceiling of a kernel that reads its rows in that order
+    (``PLEEmbedding.reads_sorted``, e.g. ``dedup_triton``), which a random-order gather does
+    not bound: sorted access over a pinned table buys locality (pages, TLB entries, DRAM and
+    PCIe row buffers).
+
+    Returns ``key``, ``memory``, ``order``, ``ms``, ``gbps``, ``rows_per_s``, ``rows``,
+    ``row_bytes``, ``table_bytes``, ``ids``, ``num_heads``, ``host_alloc``, ``id_sets``,
+    ``cold_l2``, ``timer``, ``repeats``."""
     device = resolve_device(device)
     if not id_sets:
         raise ValueError("random_row_ceiling needs at least one id set")
@@ -356,7 +377,11 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
         cold_l2 = pol.cold_l2
     words = _word_view(table)
     row_bytes = words.shape[1] * words.element_size()
+    if order not in ROW_ORDERS:
+        raise ValueError(f"unknown row order {order!r}; allowed: {', '.join(ROW_ORDERS)}")
     sets = [s.reshape(-1).to(device=device, dtype=torch.int64) for s in id_sets]
+    if order == "sorted":
+        sets = [torch.sort(s).values for s in sets]
     rows = sets[0].numel()
     if any(s.numel() != rows for s in sets):
         raise ValueError("every id set of a random-row ceiling has the same number of rows")
@@ -368,11 +393,12 @@ def random_row_ceiling(table: torch.Tensor, id_sets: list[torch.Tensor], device,
         turn[0] += 1
 
     table_bytes = int(table_bytes if table_bytes is not None else words.shape[0] * row_bytes)
-    with annotate(f"ceiling_{memory}_random_row"), windows_suspended():  # not the case's: no profiler window
-        meas = measure(run, device=device, policy=pol, cold_l2=bool(cold_l2), label=f"ceiling_{memory}_random_row")
+    label = f"ceiling_{memory}_{'sorted_' if order == 'sorted' else ''}random_row"
+    with annotate(label), windows_suspended():  # not the case's: no profiler window
+        meas = measure(run, device=device, policy=pol, cold_l2=bool(cold_l2), label=label)
     ms = meas.stats()["median_ms"]
-    return {"key": random_row_key(memory, table_bytes, row_bytes, ids, num_heads, rows, host_alloc),
-            "memory": memory, "host_alloc": host_alloc,
+    return {"key": random_row_key(memory, table_bytes, row_bytes, ids, num_heads, rows, host_alloc, order),
+            "memory": memory, "host_alloc": host_alloc, "order": order,
             "ms": ms, "gbps": rows * row_bytes / (ms * 1e6), "rows_per_s": rows / (ms / 1e3), "rows": rows,
             "row_bytes": row_bytes, "table_bytes": table_bytes, "ids": ids, "num_heads": int(num_heads),
             "id_sets": len(sets), "cold_l2": meas.cold_l2, "timer": meas.timer, "repeats": len(meas.samples_ms)}

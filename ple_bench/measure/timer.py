@@ -358,18 +358,55 @@ class _CudaBatcher:
         return samples, mhz
 
 
-class _SyncBatcher:
-    """``take_batch`` for host-blocking calls: each sample one synchronized call,
-    timed by the host clock, CUDA events alongside (no stream hold)."""
+class SyncedCall:
+    """One sample of the ``host_sync`` timer, the one definition of what it times:
+    ``[L2 flush] -> device sync -> t0 -> start event -> launch() -> end event -> device sync -> t1``.
 
-    def __init__(self, device, launch: Callable[[], None], *, flusher, clocks: ClockSampler) -> None:
+    :meth:`prepare` is what comes before the clock (the flush, when there is a flusher, and
+    the sync that keeps an earlier call's GPU work out of the sample), :meth:`run` what the
+    clock times; :meth:`sample` does both and returns the host time of :meth:`run` in ms,
+    the events' GPU time of the same call in :attr:`last_event_ms`.  ``pytest suites/`` hands
+    ``run`` to pytest-benchmark as its target and ``prepare`` as its untimed setup, so its
+    host clock times exactly the engine's sample (suites/test_suite_cases.py)."""
+
+    def __init__(self, device, launch: Callable[[], Any], *, flusher=None) -> None:
         self.device = device
         self.stream = torch.cuda.current_stream(device)
         self.launch = launch
         self.flusher = flusher
-        self.clocks = clocks
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
+
+    def prepare(self) -> None:
+        if self.flusher is not None:
+            self.flusher.flush()
+        torch.cuda.synchronize(self.device)
+
+    def run(self) -> None:
+        self.start.record(self.stream)
+        self.launch()
+        self.end.record(self.stream)
+        torch.cuda.synchronize(self.device)
+
+    def sample(self) -> float:
+        self.prepare()
+        t0 = time.perf_counter_ns()
+        self.run()
+        return (time.perf_counter_ns() - t0) / 1e6
+
+    @property
+    def last_event_ms(self) -> float:
+        return self.start.elapsed_time(self.end)
+
+
+class _SyncBatcher:
+    """``take_batch`` for host-blocking calls: each sample one synchronized call
+    (:class:`SyncedCall`), timed by the host clock, CUDA events alongside (no stream hold)."""
+
+    def __init__(self, device, launch: Callable[[], None], *, flusher, clocks: ClockSampler) -> None:
+        self.device = device
+        self.call = SyncedCall(device, launch, flusher=flusher)
+        self.clocks = clocks
         self.event_samples_ms: list[float] = []
         self.per_sample_s = 0.0
 
@@ -377,25 +414,18 @@ class _SyncBatcher:
         samples = []
         mhz = None
         for i in range(k):
-            if self.flusher is not None:
-                self.flusher.flush()
-            torch.cuda.synchronize(self.device)
-            t0 = time.perf_counter_ns()
-            self.start.record(self.stream)
-            self.launch()
-            self.end.record(self.stream)
-            torch.cuda.synchronize(self.device)
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
+            samples.append(self.call.sample())
             if i == 0:  # after the sample's clock: an NVML read costs host time the call did not spend
                 mhz = self.clocks.read()  # the GPU was busy with this call a moment ago
-            self.event_samples_ms.append(self.start.elapsed_time(self.end))
+            self.event_samples_ms.append(self.call.last_event_ms)
         self.per_sample_s = sum(samples) / k / 1e3
         return samples, mhz
 
 
-def _warmup(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float) -> tuple[int, float]:
-    """Call until ``warmup_ms`` of wall time have passed (at least once);
-    returns (calls, wall seconds per call)."""
+def warm_up(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float) -> tuple[int, float]:
+    """The warm-up of every measurement: call (then ``sync``) until ``warmup_ms`` of wall time
+    have passed, at least once; returns (calls, wall seconds per call).  ``pytest suites/``
+    warms its rounds up with it too (ple_bench/run/bench.py)."""
     calls = 0
     t0 = time.perf_counter()
     with annotate("warmup", color="grey"):
@@ -409,7 +439,7 @@ def _warmup(call: Callable[[], None], sync: Callable[[], None], warmup_ms: float
 
 
 def _measure_cpu(fn, policy: TimingPolicy, label: str, clock) -> Measurement:
-    calls, per_call_s = _warmup(fn, lambda: None, policy.warmup_ms)
+    calls, per_call_s = warm_up(fn, lambda: None, policy.warmup_ms)
     estimate = {"s": per_call_s}
 
     def take_batch(k: int) -> tuple[list[float], None]:
@@ -438,7 +468,7 @@ def _measure_cuda_sync(launch, device, policy: TimingPolicy, *, cold_l2: bool, l
             flusher.flush()
         launch()
 
-    calls, _ = _warmup(warm_call, lambda: torch.cuda.synchronize(device), policy.warmup_ms)
+    calls, _ = warm_up(warm_call, lambda: torch.cuda.synchronize(device), policy.warmup_ms)
     batcher = _SyncBatcher(device, launch, flusher=flusher, clocks=clocks)
     with annotate("measurement", color="green"), profiler_window(), torch_trace_window(label) as traced:
         res = run_sampling(
@@ -462,7 +492,7 @@ def _measure_cuda(launch, device, policy: TimingPolicy, *, cold_l2: bool, label:
             flusher.flush()
         (warmup_call or launch)()
 
-    calls, per_call_s = _warmup(warm_call, stream.synchronize, policy.warmup_ms)
+    calls, per_call_s = warm_up(warm_call, stream.synchronize, policy.warmup_ms)
     # the warm-up's wall time per call includes the GPU time and a sync: an
     # upper bound of the host's enqueue time, capped so the first hold is short
     batcher = _CudaBatcher(device, launch, flusher=flusher, clocks=clocks, divisor=divisor,

@@ -150,10 +150,25 @@ def _ceiling_label(record: dict[str, Any]) -> str:
     return f"{name} [{key}]" if key else name
 
 
+def _kernel(record: dict[str, Any]) -> str:
+    """The lookup kernel a record's path ran (``kernel_ran``, else the case's ``kernel`` axis), or ""."""
+    return str(record.get("kernel_ran") or record.get("kernel") or "")
+
+
+def _path_label(impl: str, above: list[dict[str, Any]]) -> str:
+    """``impl``, with the kernels its lookups above their ceiling ran (``pinned_uva (kernel
+    dedup_triton)``): a path's kernels read differently, and a finding names the one it means."""
+    kernels = sorted({k for k in map(_kernel, above) if k})
+    if not kernels:
+        return impl
+    return f"{impl} ({'kernel' if len(kernels) == 1 else 'kernels'} {', '.join(kernels)})"
+
+
 def _exceeded_text(impl: str, above: list[dict[str, Any]]) -> str:
     """Lookups above CEILING_SLACK_PCT of their ceiling: the ceiling is wrong for them."""
     worst = max(above, key=lambda r: pct_of_ceiling(r) or 0.0)
     names = sorted({_ceiling_label(r) for r in above})
+    impl = _path_label(impl, above)
     if len(above) == 1:
         return (f"The ceiling {names[0]} does not bind this {impl} case ({pct_of_ceiling(worst):.0f}% of it, "
                 f"at {_shape(worst)}): the ceiling is wrong for it (it does not bound what the lookup does, "

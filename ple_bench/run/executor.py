@@ -323,7 +323,7 @@ class CaseExecutor:
                 # The hot-row cache is filled from *past* traffic (never the measured ids themselves,
                 # which would hit 100% by construction).
                 backend.warm_cache(self.warmup_ids_for(case, topo))
-            with _grid_cap(case, backend):
+            with case_grid_cap(case, backend):
                 if case.kind == "step":
                     measured = self._run_step(case, backend, id_sets, counts, policy, topo)
                 else:
@@ -416,7 +416,7 @@ class CaseExecutor:
             raise SkipCase(f"ids {case.ids}: {exc}") from exc
         return [self._placed(case, s) for s in sets]
 
-    def _lookup_fn(self, case: Case, backend, ids, counts):
+    def lookup_fn(self, case: Case, backend, ids, counts):
         """A call that looks up the next id set (``ids`` is a tensor or a list of them)."""
         sets = ids if isinstance(ids, list) else [ids]
         turn = [0]
@@ -452,7 +452,7 @@ class CaseExecutor:
         """Every id set is looked up and checked; then the first again, with the
         previous output and any prefetch buffer poisoned."""
         sets = ids if isinstance(ids, list) else [ids]
-        fn = self._lookup_fn(case, backend, sets, counts)
+        fn = self.lookup_fn(case, backend, sets, counts)
         out = None
         for cur in sets:
             out = fn()
@@ -471,10 +471,10 @@ class CaseExecutor:
         id_sets = ids
         ids = id_sets[0]
         self._gate(case, backend, id_sets, counts)
-        fn = self._lookup_fn(case, backend, id_sets, counts)
+        fn = self.lookup_fn(case, backend, id_sets, counts)
         # a CUDA graph bakes in its arguments: one graph per id set, replayed in turn, L2 flushed
         # before each sample as for the eager figure -- graph and eager time the same thing
-        graph_fns = [self._lookup_fn(case, backend, s, counts) for s in id_sets]
+        graph_fns = [self.lookup_fn(case, backend, s, counts) for s in id_sets]
         multi = topo.world_size > 1
         pol = lockstep(policy) if multi else policy
         host_sync = bool(type(backend).blocks_host)
@@ -532,9 +532,12 @@ class CaseExecutor:
         distribution (:func:`ple_bench.measure.ceilings.random_row_ceiling`), measured
         the first time a case needs it and cached per worker: on the tensor the kernel
         reads (device table or the pinned table's UVA view), with ids of the case's
-        distribution over the shard's rows (``workload.make_ids``), timed as the case is."""
+        distribution over the shard's rows (``workload.make_ids``), timed as the case is;
+        gathered in ascending id order where the backend's kernel reads its rows so
+        (``backend.reads_sorted``: the sorted-order ceiling, key ending ``:sorted``)."""
         if type(backend).reads_ids_on_host or backend.weight is None:
             return {}
+        order = "sorted" if backend.reads_sorted else "random"
 
         cpu = self.device.type != "cuda"
         in_host = bool(type(backend).table_in_host_memory)
@@ -548,7 +551,8 @@ class CaseExecutor:
         own = -(-max(rows, 1) // case.num_heads) * case.num_heads
         found: dict[int, dict[str, Any]] = {}
         for n in dict.fromkeys((own, wanted)):
-            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n, alloc)
+            key = ceil.random_row_key(memory, backend.table_bytes, backend.row_bytes, ids, case.num_heads, n, alloc,
+                                      order)
             if key in self.random_row_ceilings:
                 found[n] = self.random_row_ceilings[key]
                 continue
@@ -559,7 +563,7 @@ class CaseExecutor:
                 c = ceil.random_row_ceiling(
                     backend.table_for_kernel(), sets, self.device, memory=memory, policy=policy,
                     cold_l2=getattr(policy, "cold_l2", None), ids=ids, num_heads=case.num_heads,
-                    table_bytes=backend.table_bytes, host_alloc=alloc)
+                    table_bytes=backend.table_bytes, host_alloc=alloc, order=order)
             except torch.OutOfMemoryError:
                 sets = None
                 if self.device.type == "cuda":
@@ -665,7 +669,7 @@ class CaseExecutor:
             raise SkipCase(str(exc)) from exc
         except step_mod.StepMismatch as exc:
             raise InvalidCase(str(exc)) from exc
-        rec.update(self._path_stats(backend, self._lookup_fn(case, backend, id_sets, counts), len(id_sets)))
+        rec.update(self._path_stats(backend, self.lookup_fn(case, backend, id_sets, counts), len(id_sets)))
         if topo.world_size > 1:
             rec.update(_slowest_rank(rec))
         rows = ids.numel()
@@ -678,7 +682,7 @@ class CaseExecutor:
 
 
 @contextlib.contextmanager
-def _grid_cap(case: Case, backend):
+def case_grid_cap(case: Case, backend):
     """``grid_frac`` < 1 caps the lookup's programs at that share of the SMs: the
     backend's ``grid_cap`` for the case (kernels that take a grid cap only,
     ``supports_grid_cap``; the reference launches one program per id)."""

@@ -702,26 +702,13 @@ def run_step_case(
         _apply_sm_limit(backend, sm_limit, case, device)
     if measure_fn is None:
         from ..measure import measure as measure_fn  # noqa: N813
-    ids_on = getattr(case, "ids_on", "device")
-    if ids_on == "host":
-        sets = [t.to("cpu") for t in _id_sets(ids)]
-        if device.type == "cuda":
-            sets = [t if t.is_pinned() else t.pin_memory() for t in sets]
-    else:
-        sets = [t.to(backend.device) for t in _id_sets(ids)]
+    sets = placed_id_sets(case, backend, ids, device)
     counts = list(dp_token_counts) if dp_token_counts is not None else None
     multi = backend.topology.world_size > 1
     pol = lockstep(policy) if multi else policy
-    host_sync = type(backend).blocks_host or ids_on == "host"
+    host_sync = step_timed_host_sync(case, backend)
 
-    decoder = getattr(case, "compute", "matmul") == "decoder"
-    step = DecodeStep(
-        backend, hidden=case.hidden, num_tokens=sets[0].shape[0],
-        compute_us=None if decoder else case.compute_us,
-        prefetch=case.prefetch, graph=case.graph, device=device, ids_on=ids_on,
-        **({"compute": "decoder", "decoder_shape": case.decoder_shape, "decoder_layers": case.decoder_layers,
-            "context_len": case.context_len} if decoder else {}),
-    )
+    step = step_for_case(case, backend, sets[0].shape[0], device)
     try:
         rec = _measure_step(step, case, sets, counts, table_seed, pol, device, multi,
                             measure_fn, host_sync, host_sync_twin)
@@ -740,22 +727,77 @@ def run_step_case(
     return rec
 
 
+def placed_id_sets(case, backend, ids, device) -> list[torch.Tensor]:
+    """The id sets where the case's ``ids_on`` puts the step's static input: pinned host
+    tensors for host ids (on a GPU), the backend's device for device ids."""
+    device = torch.device(device)
+    if getattr(case, "ids_on", "device") == "host":
+        sets = [t.to("cpu") for t in _id_sets(ids)]
+        if device.type == "cuda":
+            sets = [t if t.is_pinned() else t.pin_memory() for t in sets]
+        return sets
+    return [t.to(backend.device) for t in _id_sets(ids)]
+
+
+def step_timed_host_sync(case, backend) -> bool:
+    """Whether a step case is timed as synchronized calls on the host clock (``host_sync``): a
+    backend that does its lookup on the host thread, or ids refilled on the host."""
+    return bool(type(backend).blocks_host) or getattr(case, "ids_on", "device") == "host"
+
+
+def step_for_case(case, backend, num_tokens: int, device) -> DecodeStep:
+    """The :class:`DecodeStep` of a step case (matmul chain or decoder compute, the case's
+    graph mode, prefetch and ``ids_on``): the one constructor of a case's step, used by the
+    engine and by ``pytest suites/``."""
+    decoder = getattr(case, "compute", "matmul") == "decoder"
+    return DecodeStep(
+        backend, hidden=case.hidden, num_tokens=num_tokens,
+        compute_us=None if decoder else case.compute_us,
+        prefetch=case.prefetch, graph=case.graph, device=torch.device(device),
+        ids_on=getattr(case, "ids_on", "device"),
+        **({"compute": "decoder", "decoder_shape": case.decoder_shape, "decoder_layers": case.decoder_layers,
+            "context_len": case.context_len} if decoder else {}),
+    )
+
+
+class StepFeed:
+    """What every timed call of a step case does: copy the next id set into the step's static
+    input (:meth:`DecodeStep.set_inputs`, rotating through ``sets``), then run a runner.
+
+    The engine times ``feed.timed(runner)`` for every measurement of a case (step, lookup,
+    compute, the full-graph twin) and feeds the compute-region runs with ``feed()``;
+    ``pytest suites/`` times the very same callable, so both timers time the same work: the
+    id refill (a device copy, or for host ids a device sync and a host copy) is inside every
+    sample of both."""
+
+    def __init__(self, step: DecodeStep, sets: Sequence[torch.Tensor],
+                 counts: Sequence[int] | None = None) -> None:
+        if not sets:
+            raise ValueError("a step feed needs at least one id set")
+        self.step = step
+        self.sets = list(sets)
+        self.counts = list(counts) if counts is not None else None
+        self.position = 0
+
+    def __call__(self) -> None:
+        self.step.set_inputs(self.sets[self.position % len(self.sets)], self.counts)
+        self.position += 1
+
+    def timed(self, runner: Callable[[], Any]) -> Callable[[], None]:
+        """``runner`` after the next id set is fed: the callable a step case's samples time."""
+        def fn() -> None:
+            self()
+            runner()
+        return fn
+
+
 def _measure_step(step: DecodeStep, case, sets, counts, table_seed, pol, device, multi,
                   measure_fn, host_sync: bool = False,
                   host_sync_twin: bool = False) -> dict[str, Any]:
     check_step(step, sets, table_seed, counts)
 
-    position = [0]
-
-    def feed() -> None:
-        step.set_inputs(sets[position[0] % len(sets)], counts)
-        position[0] += 1
-
-    def timed(runner: Callable[[], Any]) -> Callable[[], None]:
-        def fn() -> None:
-            feed()
-            runner()
-        return fn
+    feed = StepFeed(step, sets, counts)
+    timed = feed.timed
 
     unstable: list[str] = []
 

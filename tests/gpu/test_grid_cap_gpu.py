@@ -70,7 +70,7 @@ def test_grid_cap_is_exact_reaches_the_kernel_and_is_restored(impl, kernel, kwar
         one_ms = event_ms(lambda: b.lookup(ids))
         assert one_ms > 2 * free_ms, f"uncapped {free_ms:.4f} ms, grid_cap=1 {one_ms:.4f} ms"
         b.grid_cap = None
-        with executor._grid_cap(types.SimpleNamespace(grid_frac=0.25), b):
+        with executor.case_grid_cap(types.SimpleNamespace(grid_frac=0.25), b):
             inside = (b.grid_cap, fast_kernels.get_max_programs())
         assert inside == (quarter, global_before)
         assert b.grid_cap is None and fast_kernels.get_max_programs() == global_before
