@@ -307,3 +307,15 @@ def write_paths_run(results_dir: str | Path, run_id: str = "20261130-030000-path
     for cu in (0.0, 50.0, 200.0, 400.0):
         records.append(step(512, True, cu, 0.215, 0.3, 1.5))
     return write_run(results_dir, run_id, gpu_meta(run_id, suite="paths"), records)
+
+
+def derive_in_order(recs: list[dict]) -> list[dict]:
+    """Derive ``recs`` as a run does, the resident steps first (each pinned step finds its baseline
+    among the records derived before it)."""
+    peers = record.Peers()
+    out = []
+    for r in sorted(recs, key=lambda r: r["impl"] != "device"):
+        record.derive(r, {}, peers)
+        peers.add(r)
+        out.append(r)
+    return out

@@ -13,11 +13,10 @@ import zlib
 import numpy as np
 import pytest
 
-from ple_bench.record import Peers, derive
 from ple_bench.report.verdict import verdicts
 from ple_bench.spec.case import resident_baselines
 from ple_bench.spec.suite import load_suite
-from tests._fake_runs import stats_fields
+from tests._fake_runs import derive_in_order, stats_fields
 
 PROD_VOCAB = 320_001_536
 PROD_BYTES = PROD_VOCAB * 160
@@ -95,13 +94,7 @@ def _records(cases, shared: set[str]) -> list[dict]:
             rec.update(stats, step_ms=stats["median_ms"], step_samples_ms=stats["samples_ms"],
                        timer="host_sync" if case.impl in HOST_PATHS else "cuda_event")
         out.append(rec)
-    peers = Peers()
-    derived = []
-    for r in sorted(out, key=lambda r: r["impl"] != "device"):
-        derive(r, {}, peers)
-        peers.add(r)
-        derived.append(r)
-    return derived
+    return derive_in_order(out)
 
 
 def _per_token(records: list[dict]) -> dict:

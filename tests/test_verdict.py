@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from ple_bench.spec.case import Case
-from ple_bench.record import Peers, derive
 from ple_bench.report.data import Run
 from ple_bench.report.findings import offload_answer_findings
 from ple_bench.report import verdict as V
 from ple_bench.report.verdict import STABLE_CV, candidates, picks, scope, verdicts
+from tests._fake_runs import derive_in_order
 
 GIB = 1 << 30
 
@@ -47,14 +47,7 @@ def _resident(tokens: int, events_ms: float, sync_ms: float, samples: bool = Fal
                 full_step_ms=events_ms * 0.95, full_step_host_sync_ms=sync_ms * 0.95, **kw)
 
 
-def _run(recs: list[dict]) -> list[dict]:
-    peers = Peers()
-    out = []
-    for r in sorted(recs, key=lambda r: r["impl"] != "device"):
-        derive(r, {}, peers)
-        peers.add(r)
-        out.append(r)
-    return out
+_run = derive_in_order
 
 
 
