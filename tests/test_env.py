@@ -18,11 +18,11 @@ def test_forced_cpu_hides_a_gpu_everywhere(monkeypatch):
     monkeypatch.setenv(env.FORCE_CPU_ENV, "1")
     assert not env.gpu_available() and env.gpu_count() == 0 and env.device_for(5) == torch.device("cpu")
     # the entry points ask the same policy
-    from ple_bench import cli
+    from ple_bench.commands import run as run_command
     from ple_bench.run import dispatch, provenance
     from suites import conftest
 
-    assert not cli._has_gpu() and dispatch.gpu_count() == 0 and not conftest.has_gpu()
+    assert not run_command._has_gpu() and dispatch.gpu_count() == 0 and not conftest.has_gpu()
     assert provenance.base_meta(type("S", (), {"name": "s", "path": "s.toml"})(), "functional")["gpu_count"] == 0
 
 
