@@ -104,6 +104,7 @@ def test_run_smoke_end_to_end(tmp_path):
     assert meta["mode"] == "functional" and meta["status"] == "complete"
     assert meta["ceilings"]["host_memcpy_gbps"] > 0
     recs = results.load_records(run_dir)
+    from ple_bench.backends.kernels import get_kernel, kernel_reads_sorted
     from ple_bench.spec.suite import load_suite
 
     assert {r["case_id"] for r in recs} == {c.case_id for c in load_suite("smoke").cases}
@@ -135,8 +136,10 @@ def test_run_smoke_end_to_end(tmp_path):
                     assert r["ceiling"] == "host_memcpy_gbps"
                 elif r["host_gather_ceiling_ms"] is not None:
                     assert r["ceiling"] == "host_gather" and r["lookup_mechanism"] == "host_gather"
-                else:
-                    assert r["ceiling"] == "host_random_row_at_rows"
+                else:  # a kernel declared sorted_reads is held against the same rows gathered sorted
+                    sorted_reads = kernel_reads_sorted(get_kernel(r["kernel_ran"]))
+                    assert r["ceiling"] == ("host_sorted_random_row_at_rows" if sorted_reads
+                                            else "host_random_row_at_rows")
                     assert meta["ceilings"]["random_row"][r["random_row_ceiling_at_rows"]]["gbps"] == r["ceiling_gbps"]
             else:  # steps carry no GB/s and no share of a ceiling
                 assert r["gbps"] is None and r["ceiling"] is None and r["pct_of_ceiling"] is None
