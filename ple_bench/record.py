@@ -220,6 +220,8 @@ FIELDS: tuple[Field, ...] = (
     _f("slowest_rank", "", "all", "the rank whose samples the record holds"),
     _f("sm_limit_granted", "SMs", "all", "sm_limit > 0: SMs the driver gave the side stream's green context"),
     _f("green_via", "", "all", "sm_limit > 0: how the green context was made"),
+    _f("background_h2d_gbps", "GB/s", "step", "h2d_background: the rate the background host→device copy "
+       "achieved beside the step's measurements (the link's share the step did not have)"),
     # decode steps
     _f("step_ms", "ms", "step", "the step in the case's graph mode (= median_ms)"),
     _f("step_samples_ms", "ms", "step", "raw step samples"),

@@ -138,6 +138,8 @@ def test_graph_modes_and_unsupported_axes_are_not_implemented_on_cpu():
         run_step_case(_case("pinned_uva", prefetch=True, stream_priority=-1), backend, ids, None, pol, "cpu")
     with pytest.raises(NotImplementedError, match="needs CUDA"):
         run_step_case(_case("pinned_uva", graph="breakable"), backend, ids, None, pol, "cpu")
+    with pytest.raises(NotImplementedError, match="h2d_background needs CUDA"):
+        run_step_case(_case("pinned_uva", h2d_background=True), backend, ids, None, pol, "cpu")
 
 
 def test_full_graph_refused_when_etp_spans_dp():

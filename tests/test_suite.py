@@ -516,3 +516,25 @@ def test_oversized_product_is_refused(tmp_path):
     """)
     with pytest.raises(SuiteError, match="at most 200000"):
         load_suite(path)
+
+
+def test_h2d_background_is_a_step_axis_that_names_its_cases(tmp_path):
+    cases = cases_of(tmp_path, """
+        [defaults]
+        vocab_size = 4096
+        dim = 64
+        [[group]]
+        kind = ["lookup", "step"]
+        h2d_background = [false, "on"]
+        """)
+    steps = [c for c in cases if c.kind == "step"]
+    assert sorted(c.h2d_background for c in steps) == [False, True]
+    assert [".h2dbg" in c.case_id for c in steps] == [c.h2d_background for c in steps]
+    # a lookup has no step measurements to run it beside: the axis leaves the lookup cases
+    assert [c.h2d_background for c in cases if c.kind == "lookup"] == [False]
+    with pytest.raises(SuiteError, match="h2d_background"):
+        cases_of(tmp_path, """
+            [[group]]
+            kind = "step"
+            h2d_background = "sometimes"
+            """)

@@ -45,6 +45,7 @@ and of ``run --torch-trace`` (a torch.profiler session of its first samples;
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -358,6 +359,39 @@ class _CudaBatcher:
         return samples, mhz
 
 
+class _SyncScope:
+    """What a ``host_sync`` sample waits for: the whole device (the default), or the measured
+    call's own stream only (:func:`stream_scoped_sync`), while a load on streams of its own runs
+    beside the measurement (:mod:`ple_bench.measure.background`) -- a device-wide sync would wait
+    for that load's copy in flight and time it.  A step's side streams join its main stream
+    before the step's end event, so the stream's end is the call's end."""
+
+    device_wide = True
+
+
+SYNC_SCOPE = _SyncScope()
+
+
+@contextlib.contextmanager
+def stream_scoped_sync():
+    """``host_sync`` samples inside the block wait on their own stream, not the device."""
+    before = SYNC_SCOPE.device_wide
+    SYNC_SCOPE.device_wide = False
+    try:
+        yield
+    finally:
+        SYNC_SCOPE.device_wide = before
+
+
+def wait_for_work(device) -> None:
+    """Wait until the work queued so far is done: the whole device, or inside
+    :func:`stream_scoped_sync` the current stream only (what a measured call queued)."""
+    if SYNC_SCOPE.device_wide:
+        torch.cuda.synchronize(device)
+    else:
+        torch.cuda.current_stream(device).synchronize()
+
+
 class SyncedCall:
     """One sample of the ``host_sync`` timer, the one definition of what it times:
     ``[L2 flush] -> device sync -> t0 -> start event -> launch() -> end event -> device sync -> t1``.
@@ -380,13 +414,16 @@ class SyncedCall:
     def prepare(self) -> None:
         if self.flusher is not None:
             self.flusher.flush()
-        torch.cuda.synchronize(self.device)
+        wait_for_work(self.device)
 
     def run(self) -> None:
         self.start.record(self.stream)
         self.launch()
         self.end.record(self.stream)
-        torch.cuda.synchronize(self.device)
+        if SYNC_SCOPE.device_wide:
+            torch.cuda.synchronize(self.device)
+        else:
+            self.end.synchronize()
 
     def sample(self) -> float:
         self.prepare()

@@ -58,8 +58,10 @@ from ..annotate import annotate
 from ..backends.synthetic import synthetic_rows
 from ..compute import COMPUTE_KINDS, DecoderCompute, decoder_shape as decoder_shape_of
 from ..env import CALIBRATION_ENV, CALIBRATION_FILE, resolve_device
+from ..measure.background import BackgroundH2D
 from ..measure.fields import lockstep, sm_limit_fields
 from ..measure.repeat import Stopwatch, repeat_timed
+from ..measure.timer import wait_for_work
 from ..record import FIELDS
 from ..spec.case import has_compute
 from .graphs import BreakableGraph, MODES, eager_break
@@ -223,7 +225,7 @@ class DecodeStep:
         if self.ids_on == "host" and self.device.type == "cuda":
             # the previous step may still be copying from this pinned buffer: a server refills
             # its host-side inputs once the previous step is done (it needs its sampled tokens)
-            torch.cuda.synchronize(self.device)
+            wait_for_work(self.device)
             _host_copy(self.ids, ids)
         else:
             self.ids.copy_(ids, non_blocking=True)
@@ -702,6 +704,11 @@ def run_step_case(
         _apply_sm_limit(backend, sm_limit, case, device)
     if measure_fn is None:
         from ..measure import measure as measure_fn  # noqa: N813
+    background = None
+    if getattr(case, "h2d_background", False):
+        # every measurement of the step with a host→device copy kept busy beside it (the link shared)
+        background = BackgroundH2D(device)
+        measure_fn = background.wrap(measure_fn)
     sets = placed_id_sets(case, backend, ids, device)
     counts = list(dp_token_counts) if dp_token_counts is not None else None
     multi = backend.topology.world_size > 1
@@ -716,6 +723,7 @@ def run_step_case(
     finally:
         step.close()
     rec.update(sm_limit_fields(case, backend))
+    rec["background_h2d_gbps"] = background.gbps if background is not None else None
     rec["compute_slowdown_note"] = None
     computes = has_compute({"compute": getattr(case, "compute", "matmul"), "compute_us": case.compute_us})
     if type(backend).blocks_host and case.graph == "eager" and computes:

@@ -18,7 +18,7 @@ from ..units import DTYPE_BYTES, BadValue, parse_size
 from ..serving.models import KV_DTYPES, MODELS
 from .case import COMPUTE_KINDS, DECODER_AXES, GRAPH_MODES, HOST_ALLOC_MODES, IDS_ON, KINDS, SERVE_AXES, Case
 
-STEP_ONLY_AXES = ("compute_us", "hidden", "compute") + DECODER_AXES
+STEP_ONLY_AXES = ("compute_us", "hidden", "compute", "h2d_background") + DECODER_AXES
 
 
 def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
@@ -62,12 +62,18 @@ def _str(v: Any) -> str:
     return v
 
 
-def _prefetch(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("on", "off"):
-        return v.lower() == "on"
-    raise BadValue(f"{v!r} is not a prefetch setting; allowed: true, false, 'on', 'off'")
+def _bool(what: str) -> Callable[[Any], bool]:
+    def conv(v: Any) -> bool:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("on", "off"):
+            return v.lower() == "on"
+        raise BadValue(f"{v!r} is not a {what} setting; allowed: true, false, 'on', 'off'")
+
+    return conv
+
+
+_prefetch = _bool("prefetch")
 
 
 def ids_value(v: Any) -> str:
@@ -134,6 +140,7 @@ AXES: dict[str, Callable[[Any], Any]] = {
     "stream_priority": _int(hi=0),
     "grid_frac": _float(0.0, 1.0, lo_open=True),
     "sm_limit": _int(0),
+    "h2d_background": _bool("h2d_background"),
     "cache_rows": _int(0),
     "ids_on": _choice(IDS_ON, "ids_on"),
     "gather_threads": _int(0, 256),

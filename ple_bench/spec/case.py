@@ -59,6 +59,7 @@ class Case:
     stream_priority: int = 0  # priority of the prefetch side stream (lower = higher priority)
     grid_frac: float = 1.0  # share of the lookup's grid / SMs the lookup may take
     sm_limit: int = 0  # SMs the prefetch side stream may use (a green context); 0 = no limit
+    h2d_background: bool = False  # a host→device copy kept busy beside the step's measurements (the link shared)
     # lookup-path axes
     cache_rows: int = 0  # hot-row cache in GPU memory (0 = none)
     ids_on: str = "device"  # device | host: where the ids are when the lookup / step starts
@@ -136,6 +137,8 @@ class Case:
             parts.append(f"grid{self.grid_frac:g}")
         if self.sm_limit:
             parts.append(f"sm{self.sm_limit}")
+        if self.h2d_background:
+            parts.append("h2dbg")
         if self.cache_rows:
             parts.append(f"cache{self.cache_rows}")
         if self.ids_on != "device":

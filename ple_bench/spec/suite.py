@@ -37,7 +37,7 @@ A suite is a TOML file ``suites/<name>.toml``::
 
 Axes are exactly the fields of :class:`ple_bench.spec.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
-seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, cache_rows, ids_on,
+seed, compute_us, hidden, stream_priority, grid_frac, sm_limit, h2d_background, cache_rows, ids_on,
 gather_threads, host_alloc, compute, decoder_shape, decoder_layers, context_len, model, kv_dtype,
 gpu_memory_utilization, batch_fraction), plus
 ``table_bytes`` (an integer or a size string such as ``"64MiB"``/``"32GiB"``;
@@ -72,6 +72,11 @@ axes of plug-in backends, e.g. ``extra.block = [64, 128]``).
   ``prefetch = true``: a case with ``sm_limit`` > 0 and prefetch off is an
   error (filter it with ``exclude``).  A ``kind = "lookup"`` case with prefetch
   runs its lookup on that stream, the main stream waiting for it.
+* ``h2d_background`` (steps; true/false, default false): every measurement of the
+  step runs with a host→device copy kept busy beside it on a stream of its own (the
+  copy engine and the link shared, as a server's KV swaps or weight streams share
+  them; :mod:`ple_bench.measure.background`); the record says the rate that copy got
+  (``background_h2d_gbps``).  CUDA only: skipped elsewhere.
 * ``ids_on`` is "device" (default: the ids are produced on the GPU, as by an
   earlier kernel) or "host" (the ids are a pinned host tensor known when the
   lookup or step starts, as a server's scheduler knows them: kernel paths copy
