@@ -121,10 +121,15 @@ def test_the_engine_allows_a_full_graph_only_for_capturable_host_work():
 
 
 def test_advise_runs_it_in_a_full_graph_on_a_gpu():
-    text = suite_text(dim=160, dtype="fp8", heads=16, table_bytes=1 << 30, tokens=[256], compute_us=200)
+    text = suite_text(dim=160, dtype="fp8", heads=16, table_bytes=1 << 30, tokens=[256], compute_us=200,
+                      measure="all")
     assert 'impl = "pinned_host_graph"\ngraph = "full"' in text
-    cpu = suite_text(dim=160, dtype="fp8", heads=16, table_bytes=1 << 30, tokens=[256], compute_us=200, gpu=False)
+    cpu = suite_text(dim=160, dtype="fp8", heads=16, table_bytes=1 << 30, tokens=[256], compute_us=200, gpu=False,
+                     measure="all")
     assert 'impl = "pinned_host_graph"\ngraph = "eager"' in cpu
+    # the default screening set: the posted host gather in one full graph, not the host-graph node
+    few = suite_text(dim=160, dtype="fp8", heads=16, table_bytes=1 << 30, tokens=[256], compute_us=200)
+    assert 'impl = "pinned_host_flag"\ngraph = "full"' in few and "pinned_host_graph" not in few
 
 
 def _run_records():

@@ -512,6 +512,9 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-cores", type=int, help="what-if: host cores for the host-gather paths")
     p.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page")
     p.add_argument("--results-dir", default="results", help="where a self-run (no --runs) stores its run")
+    p.add_argument("--measure", choices=["few", "all"], default="few",
+                   help="without --runs: measure only the cases no model settles (few: the posted host gather and "
+                        "the UVA kernel with their resident steps, about a minute on one H200) or every path (all)")
     p.add_argument("--functional-check", action="store_true",
                    help="without a GPU and without --runs: run advise's handful of cases in functional mode "
                         "(CPU) to check the code paths; ranks nothing (without it advise refuses there, exit 2)")

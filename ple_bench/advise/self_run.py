@@ -1,13 +1,20 @@
 """``advise`` without ``--runs``: run the few cases the answer needs, for the asked shape.
 
 A small suite, written as TOML next to the run (so the run can be re-run and re-read like any
-other): the HBM-resident step (breakable and full graph), the UVA kernel and the CPU gather
-prefetched in a breakable graph (eager without a GPU), ids on the host and the device, at the asked tokens and at two
-compute lengths (the asked one and a quarter of it, so the model can fit the compute).  It runs
-through the ordinary runner (progress bar, records, meta.json with the ceilings).  On a machine
-without a GPU advise refuses (exit 2: give ``--runs``) unless ``--functional-check`` asks for a
-handful of functional cases on a 1 MiB table: the code paths are checked, the numbers are not
-timings, and advise says so and ranks nothing.
+other).  By default (``--measure few``) only the cases whose answer no model settles, so that a
+new shape is answered in under a minute on one H200: the posted host gather (``pinned_host_flag``,
+the host gather posted beside one full graph: the pinned path that reached the resident step at
+every shape measured, docs/runs/*-shapes-*) and the UVA kernel prefetched in a breakable graph,
+ids on the host as a server has them, at the asked tokens and the asked compute, each held
+against its resident steps (the device table, ids on the device; breakable, whose full graph is
+timed too, on both timers) that the suite loader adds.  The table is pinned exactly
+(``host_alloc = "exact"``: no power-of-two rounding of a 56 GiB table to 64).  ``--measure all``
+runs the wider suite: the CPU gather as eager breaks, the host gather as a graph node, ids on
+the device too, and a quarter of the compute (so the model can fit the compute's slope).
+
+On a machine without a GPU advise refuses (exit 2: give ``--runs``) unless ``--functional-check``
+asks for a handful of functional cases on a 1 MiB table: the code paths are checked, the numbers
+are not timings, and advise says so and ranks nothing.
 """
 
 from __future__ import annotations
@@ -25,16 +32,16 @@ from ..run.loop import RunOptions, run_suite
 from ..spec.suite import load_suite
 from ..report.verdict import FUNCTIONAL_TEXT
 
-SUITE_TEMPLATE = """# written by `python -m ple_bench advise` for the asked shape
+SUITE_HEAD = """# written by `python -m ple_bench advise` for the asked shape
 [suite]
 description = "advise: the cases one answer needs ({shape})"
 
 [suite.timing]
-warmup_ms = 50
+warmup_ms = 30
 min_samples = 10
-max_samples = 1000
-min_time_s = 0.15
-max_time_s = 0.6
+max_samples = 600
+min_time_s = 0.1
+max_time_s = 0.3
 max_noise = 0.02
 cold_l2 = true
 
@@ -46,10 +53,28 @@ num_heads = {heads}
 table_bytes = {table_bytes}
 num_tokens = {tokens}
 compute_us = {computes}
-ids_on = ["host", "device"]
+ids_on = {ids_on}
 graph = "{graph}"
 prefetch = "on"
+host_alloc = "{host_alloc}"
+"""
 
+#: ``--measure few``: the paths no model settles (their resident steps come with them)
+FEW_GROUPS = """
+[[group]]
+name = "host gather posted beside one graph"
+impl = "pinned_host_flag"
+graph = "{host_graph_mode}"
+ids_on = "host"
+
+[[group]]
+name = "kernel on UVA"
+impl = "pinned_uva"
+kernel = "triton_reference"
+"""
+
+#: ``--measure all``: every path, ids on the host and the device, two compute lengths
+ALL_GROUPS = """
 [[group]]
 name = "resident"
 impl = "device"
@@ -79,24 +104,31 @@ graph = "{host_graph_mode}"
 ids_on = "host"
 """
 
+MEASURE_CHOICES = ("few", "all")
+
 #: without a GPU (``--functional-check``): the code paths on a small table, one token count, one compute
 FUNCTIONAL_TABLE = 1 << 20
 
 
 def suite_text(*, dim: int, dtype: str, heads: int, table_bytes: int, tokens: list[int], compute_us: float,
-               gpu: bool = True) -> str:
-    """The suite's TOML.  Without a GPU every step runs eagerly (graphs need CUDA), at the first
-    asked token count, the asked compute and ids on the device only: one case per path, to check
-    the code paths."""
-    computes = sorted({round(compute_us / 4, 3), float(compute_us)}) if gpu else [float(compute_us)]
+               gpu: bool = True, measure: str = "few") -> str:
+    """The suite's TOML (``measure``: ``few`` or ``all``, see the module's text).  Without a GPU
+    every step runs eagerly (graphs need CUDA), at the first asked token count, the asked compute
+    and ids on the device only (where a path allows), one case per path, to check the code paths."""
+    if measure not in MEASURE_CHOICES:
+        raise ValueError(f"--measure: {measure!r}; allowed: {', '.join(MEASURE_CHOICES)}")
+    wide = measure == "all"
+    computes = sorted({round(compute_us / 4, 3), float(compute_us)}) if gpu and wide else [float(compute_us)]
     tokens = list(tokens) if gpu else list(tokens[:1])
-    text = SUITE_TEMPLATE.format(graph="breakable" if gpu else "eager",
-                                 resident_graphs='["breakable", "full"]' if gpu else '["eager"]',
-                                 host_graph_mode="full" if gpu else "eager",
-                                 shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
-                                 dim=dim, heads=heads, table_bytes=table_bytes, tokens=tokens,
-                                 computes=[c if c != int(c) else int(c) for c in computes])
-    return text if gpu else text.replace('ids_on = ["host", "device"]', 'ids_on = "device"')
+    ids_on = '["host", "device"]' if gpu and wide else ('"host"' if gpu else '"device"')
+    fields = dict(graph="breakable" if gpu else "eager",
+                  resident_graphs='["breakable", "full"]' if gpu else '["eager"]',
+                  host_graph_mode="full" if gpu else "eager",
+                  shape=f"{table_bytes} B, dim {dim}, {dtype}, {heads} heads", dtype=dtype,
+                  dim=dim, heads=heads, table_bytes=table_bytes, tokens=tokens, ids_on=ids_on,
+                  host_alloc="exact" if gpu else "torch",
+                  computes=[c if c != int(c) else int(c) for c in computes])
+    return (SUITE_HEAD + (ALL_GROUPS if wide else FEW_GROUPS)).format(**fields)
 
 
 NO_GPU = ("no CUDA GPU on this machine: advise ranks decode steps measured on a GPU, and a run here (CPU, "
@@ -113,7 +145,7 @@ def functional_case_count(args: argparse.Namespace, tokens: list[int]) -> int:
 
 def _write_suite(args: argparse.Namespace, table: int, tokens: list[int], gpu: bool, where: Path | None = None):
     text = suite_text(dim=args.dim, dtype=args.dtype, heads=args.heads, table_bytes=table, tokens=tokens,
-                      compute_us=args.compute_us, gpu=gpu)
+                      compute_us=args.compute_us, gpu=gpu, measure=getattr(args, "measure", "few"))
     path = (where or Path(tempfile.mkdtemp(prefix="ple_bench-advise-"))) / "advise.toml"
     path.write_text(text, encoding="utf-8")
     return text, load_suite(path)
