@@ -57,6 +57,10 @@ class BenchTarget:
     id_sets: int
     cold_l2: bool  # the L2 is flushed before each round, as before each of the engine's samples
     warmup_ms: float = 0.0  # the engine's warm-up of the case's measurements (its policy's warmup_ms)
+    #: host_sync rounds: the CUDA events' time of each timed round (read in the next round's untimed
+    #: setup, the last one by :meth:`finish`): the GPU time of the very calls the host clock timed
+    event_ms: list[float] = dataclasses.field(default_factory=list)
+    finish: Callable[[], None] = lambda: None
 
     def one_round(self) -> None:
         """One round, its setup included (a warm-up call)."""
@@ -70,6 +74,8 @@ class BenchTarget:
         returns the calls made.  Every round ends complete (a CUDA round syncs), so there is
         nothing more to wait for between calls."""
         calls, _ = m.warm_up(self.one_round, lambda: None, self.warmup_ms)
+        self.finish()
+        self.event_ms.clear()  # the warm-up's rounds are not the timed ones
         return calls
 
 
@@ -136,8 +142,24 @@ def bench_target(executor: CaseExecutor, case, policy) -> BenchTarget:
     flusher = get_flusher(device) if cold else None
     if host_sync:
         call = m.SyncedCall(device, fn, flusher=flusher)
-        return BenchTarget(call.run, call.prepare, close, "host+sync", "host_sync",
-                           timed, n_sets, flusher is not None, warmup_ms)
+        ran = [False]
+
+        def run() -> None:
+            call.run()
+            ran[0] = True
+
+        def keep_events() -> None:  # untimed: the events of the round just timed
+            if ran[0]:
+                target.event_ms.append(call.last_event_ms)
+                ran[0] = False
+
+        def setup() -> None:
+            keep_events()
+            call.prepare()
+
+        target = BenchTarget(run, setup, close, "host+sync", "host_sync",
+                             timed, n_sets, flusher is not None, warmup_ms, finish=keep_events)
+        return target
 
     def synced() -> None:
         fn()

@@ -13,6 +13,7 @@ first figure differs from the rest, the difference is the state the engine sampl
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import sys
 import time
@@ -36,10 +37,22 @@ def spread(xs) -> str:
     return f"p10 {q[0]:.3f} p50 {statistics.median(xs):.3f} p90 {q[-1]:.3f} n={len(xs)}"
 
 
+def cpu_mhz() -> str:
+    """The clock of the core this process runs on now (/proc/cpuinfo), and the core."""
+    core = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[36])  # field 39: the last CPU
+    try:
+        blocks = open("/proc/cpuinfo").read().split("\n\n")
+        mhz = [ln.split(":")[1].strip() for ln in blocks[core].splitlines() if ln.startswith("cpu MHz")]
+        return f"cpu{core} {float(mhz[0]):.0f} MHz" if mhz else f"cpu{core}"
+    except (OSError, IndexError, ValueError):
+        return f"cpu{core}"
+
+
 def engine(executor, case, policy) -> str:
     rec = executor.run(case, policy)
     ev = rec.get("event_samples_ms") or rec.get("step_event_samples_ms")
-    return f"{spread(rec['samples_ms'])}" + (f" (events p50 {statistics.median(ev):.3f})" if ev else "")
+    return (f"{spread(rec['samples_ms'])}" + (f" (events p50 {statistics.median(ev):.3f})" if ev else "")
+            + f" | SM {rec.get('sm_clock_mhz')} MHz | {cpu_mhz()}")
 
 
 def bridge(executor, case, policy, rounds: int = 200) -> str:
@@ -56,7 +69,7 @@ def bridge(executor, case, policy, rounds: int = 200) -> str:
                 out.append((time.perf_counter_ns() - t0) / 1e6)
         finally:
             t.close()
-    return spread(out)
+    return f"{spread(out)} | {cpu_mhz()}"
 
 
 def main(prefixes: list[str]) -> None:

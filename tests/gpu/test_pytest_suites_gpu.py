@@ -60,21 +60,22 @@ def test_smoke_suite_as_benchmarks_on_the_gpu(tmp_path):
 
     wrong = {cid: t for cid, t in wrong.items() if t != ("host+sync", engine_timer(cid), "gpu")}
     assert not wrong, wrong
-    # A synchronized call on the host clock cannot take less than the GPU time of the same
-    # call. The bound is against the engine's GPU time of the case: its CUDA-event median, or,
-    # where the engine timed host_sync, the median of the CUDA events it recorded around those
-    # same calls (engine_event_median_ms); 0.8 allows for run-to-run noise. The rounds are the
-    # engine's own timed callable, warmed up as the engine warms up, and for host_sync cases the
-    # engine's own sample (ple_bench/run/bench.py): before that, a second copy of the step warmed
-    # up by 10 rounds against the engine's one call (smoke's warmup_ms = 0) came out at 0.43 ms
-    # against the engine's 0.874 ms on a copy-engine step at 8 tokens (issue 34).
+    # A synchronized call on the host clock cannot take less than the GPU time of the same call.
+    # host_sync cases: each round's host time against the CUDA events around that very round
+    # (event_median_ms, kept by run/bench.py); 0.97 allows for the clocks' granularity.  They were
+    # once held against the engine's events of calls made seconds earlier, and the host-bound paths
+    # of smoke (an 8-token eager step with host ids, the CPU gather with device ids) drift by up to
+    # 2x over seconds in either timer -- measured alternating the two on one case
+    # (scripts/gpu/timers.py, docs/gpu-logs/2026-12-02-h200-timers): the figures agreed whenever
+    # they were taken at the same time.  cuda_event cases: against the engine's event median (their
+    # time does not drift), 0.8 for run-to-run noise.
     too_fast = {}
     for cid, b in benches.items():
         host_ms = b["stats"]["median"] * 1e3
         info = b["extra_info"]
-        gpu_ms = info.get("engine_event_median_ms") if engine_timer(cid) == "host_sync" else info.get(
-            "engine_median_ms")
-        if not (gpu_ms and host_ms >= 0.8 * gpu_ms):
+        host_sync = engine_timer(cid) == "host_sync"
+        gpu_ms = info.get("event_median_ms") if host_sync else info.get("engine_median_ms")
+        if not (gpu_ms and host_ms >= (0.97 if host_sync else 0.8) * gpu_ms):
             too_fast[cid] = (host_ms, gpu_ms)
     assert not too_fast, f"host+sync median below 0.8 x the engine's GPU time of the case: {too_fast}"
 
