@@ -14,8 +14,9 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from ..record import Record, as_record
 from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
 from ..units import format_bytes
 
@@ -52,8 +53,12 @@ class Run:
 
     path: Path
     meta: dict[str, Any]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)  # typed read-only views (normalize)
     lost: list[LostLine] = field(default_factory=list)  # lines of records.jsonl that are not records
+
+    def __post_init__(self) -> None:
+        # a run built in memory reads its records through the same typed view as a loaded one
+        self.records = [as_record(r) for r in self.records]
 
     @property
     def run_id(self) -> str:
@@ -164,15 +169,15 @@ def path_label(record: dict[str, Any]) -> str:
     return f"{impl} · {kernel}" if kernel else impl
 
 
-def normalize(record: dict[str, Any]) -> dict[str, Any]:
-    """A copy with the report's display label ``path`` (impl · kernel).  Record fields
-    are read as stored (older records come upgraded by :func:`ple_bench.results.load_records`,
-    the schema's :func:`ple_bench.record.upgrade`); nothing is recomputed here."""
+def normalize(record: Mapping[str, Any]) -> Record:
+    """The read-only typed view of a record (:class:`ple_bench.record.Record`) with the report's
+    display label ``path`` (impl · kernel).  Record fields are read as loaded (typed and, for older
+    records, upgraded by :func:`ple_bench.results.load_records`); nothing is recomputed here."""
     r = dict(record)
     r.setdefault("status", "ok")
     r.setdefault("case_id", "?")
     r["path"] = path_label(r)
-    return r
+    return Record(r)
 
 
 from ..record import num  # noqa: E402  (one way to read a stored number)
