@@ -422,8 +422,9 @@ def _is_list(f: Field) -> bool:
 # ------------------------------------------------------------------ derived figures
 
 def num(value: Any) -> float | None:
-    """A finite float, or None (for None, strings, NaN, inf, booleans) -- how every reader of a
-    stored record reads a number."""
+    """A finite float, or None (for None, text that is no number, NaN, inf, booleans) -- how a
+    stored value is read as a number: once, at load, by :func:`coerce_record` for every float and
+    int field; a reader of a loaded record reads the typed field (:class:`Record`)."""
     if value is None or isinstance(value, bool):
         return None
     try:
