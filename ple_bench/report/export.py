@@ -38,7 +38,7 @@ from ..record import keys_for
 from ..serving.slo import SUMMARY_HEADERS, serving_verdict
 from ..spec.case import Case
 from .data import (
-    ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
+    ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, samples_of, topology_label,
 )
 from .verdict import compute_label, headline, verdicts, write_verdict_json
 
