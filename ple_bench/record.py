@@ -69,6 +69,17 @@ CEILING_SLACK_PCT = 105.0
 
 KINDS = ("all", "lookup", "step", "serve")
 
+#: per-sample lists of a float unit (``samples_ms``, ``rank_medians_ms``, ...)
+_LIST_SUFFIXES = ("samples_ms", "rank_medians_ms")
+
+
+#: the types a field can declare (:attr:`Field.type`): what a reader gets from a loaded record
+#: (:func:`coerce`; None where not measured or not readable as one)
+TYPES = ("float", "int", "bool", "str", "list[float]", "list[bool]", "list[str]", "list[dict]", "dict")
+#: units whose figures are floats, and units that count whole things (ints)
+FLOAT_UNITS = ("ms", "s", "%", "GB/s", "rows/s", "tokens/s", "MHz", "us")
+INT_UNITS = ("B", "rows", "samples", "ranks", "SMs", "sequences")
+
 
 @dataclass(frozen=True)
 class Field:
@@ -78,6 +89,25 @@ class Field:
     definition: str
     derived: bool = False  # computed by :func:`derive` from the other fields
     legacy: bool = False  # only on records upgraded from an older schema
+    #: one of :data:`TYPES`; left out, it follows from the unit (a float unit: float, or a list of
+    #: floats for a per-sample list; a counting unit: int; "bool"; "ISO 8601": str).  A field
+    #: without a unit must declare it.
+    type: str = ""
+
+    def __post_init__(self) -> None:
+        declared = self.type or _type_of_unit(self.name, self.unit)
+        if declared not in TYPES:
+            raise ValueError(f"record field {self.name!r}: declare its type (one of {', '.join(TYPES)}), "
+                             f"not {declared!r}")
+        object.__setattr__(self, "type", declared)
+
+
+def _type_of_unit(name: str, unit: str) -> str:
+    if unit in FLOAT_UNITS:
+        return "list[float]" if name.endswith(_LIST_SUFFIXES) else "float"
+    if unit in INT_UNITS:
+        return "int"
+    return {"bool": "bool", "ISO 8601": "str"}.get(unit, "")
 
 
 def _f(name: str, unit: str, kinds: str, definition: str, **kw: Any) -> Field:
@@ -87,17 +117,20 @@ def _f(name: str, unit: str, kinds: str, definition: str, **kw: Any) -> Field:
 #: Fields every record has a key for (``None`` where not measured), in this order.
 FIELDS: tuple[Field, ...] = (
     # identity and outcome
-    _f("schema_version", "", "all", "the record schema version (this module's SCHEMA_VERSION when written)"),
-    _f("case_id", "", "all", "the case's stable id (same case, same id, on every run)"),
-    _f("status", "", "all", "ok | skipped | failed | invalid"),
-    _f("reason", "", "all", "why the case was skipped, failed or is invalid ('' when ok)"),
-    _f("mode", "", "all", "gpu | functional (CPU, host timer: not GPU performance)"),
-    _f("timer", "", "all", "cuda_event | host_sync (synchronized calls on the host clock) | host_monotonic"),
+    _f("schema_version", "", "all", "the record schema version (this module's SCHEMA_VERSION when written)",
+       type="int"),
+    _f("case_id", "", "all", "the case's stable id (same case, same id, on every run)", type="str"),
+    _f("status", "", "all", "ok | skipped | failed | invalid", type="str"),
+    _f("reason", "", "all", "why the case was skipped, failed or is invalid ('' when ok)", type="str"),
+    _f("mode", "", "all", "gpu | functional (CPU, host timer: not GPU performance)", type="str"),
+    _f("timer", "", "all", "cuda_event | host_sync (synchronized calls on the host clock) | host_monotonic",
+       type="str"),
     _f("world_size", "ranks", "all", "tp x dp: the ranks the case ran on"),
     _f("finished_at", "ISO 8601", "all", "when the case ended"),
     _f("duration_s", "s", "all", "wall time the case took, checks and measurements included"),
-    _f("traceback", "", "all", "the traceback of a failed case"),
-    _f("rank_outcomes", "", "all", "under torchrun, when ranks disagreed: each rank's status and reason"),
+    _f("traceback", "", "all", "the traceback of a failed case", type="str"),
+    _f("rank_outcomes", "", "all", "under torchrun, when ranks disagreed: each rank's status and reason",
+       type="list[dict]"),
     # the summary of the primary measurement
     _f("median_ms", "ms", "all", "median of the kept samples (lookup: the lookup; step: the step, = step_ms)"),
     _f("mean_ms", "ms", "all", "mean of the kept samples"),
@@ -106,19 +139,21 @@ FIELDS: tuple[Field, ...] = (
     _f("p10_ms", "ms", "all", "10th percentile of the kept samples"),
     _f("p90_ms", "ms", "all", "90th percentile of the kept samples"),
     _f("iqr_ms", "ms", "all", "interquartile range of the kept samples"),
-    _f("cv", "", "all", "coefficient of variation (std / mean) of the kept samples"),
-    _f("noise", "", "all", "the noise figure adaptive stopping used"),
+    _f("cv", "", "all", "coefficient of variation (std / mean) of the kept samples", type="float"),
+    _f("noise", "", "all", "the noise figure adaptive stopping used", type="float"),
     _f("n_samples", "samples", "all", "samples taken"),
     _f("samples_ms", "ms", "all", "every raw sample, in order (kept ones: results.kept_samples)"),
-    _f("samples_throttled", "", "all", "one flag per sample: taken while the SM clock was throttled"),
+    _f("samples_throttled", "", "all", "one flag per sample: taken while the SM clock was throttled",
+       type="list[bool]"),
     _f("throttled_samples", "samples", "all", "flagged samples (left out of the summary unless all are)"),
     _f("dropped_samples", "samples", "all", "samples the timer dropped"),
-    _f("stopped_by", "", "all", "what ended sampling (noise target, time budget, sample cap)"),
+    _f("stopped_by", "", "all", "what ended sampling (noise target, time budget, sample cap)", type="str"),
     _f("unstable", "", "all",
        "the samples' first and second halves disagreed beyond their noise (measure.stats.halves_disagree) in "
        "the measurement and in its one re-measurement: the figure is not to be trusted (a step: any of its "
-       "measurements, named in unstable_measurements)"),
-    _f("unstable_measurements", "", "step", "the step's measurements that were unstable (step, lookup, compute, ...)"),
+       "measurements, named in unstable_measurements)", type="bool"),
+    _f("unstable_measurements", "", "step", "the step's measurements that were unstable (step, lookup, compute, ...)",
+       type="list[str]"),
     _f("sm_clock_mhz", "MHz", "all", "median SM clock over the samples"),
     _f("event_samples_ms", "ms", "lookup", "host_sync timer: the CUDA events' time of the same calls"),
     _f("hot_median_ms", "ms", "lookup", "median with a warm L2 (the same lookup, no flush)"),
@@ -126,10 +161,10 @@ FIELDS: tuple[Field, ...] = (
     _f("graph_median_ms", "ms", "lookup", "median of a CUDA-graph replay of the lookup alone"),
     _f("graph_samples_ms", "ms", "lookup", "raw graph-replay samples"),
     _f("graph_id_sets", "", "lookup", "id sets the graph replay rotated through, one captured graph per set "
-                                       "(1 in records before schema 2: one repeated set)"),
+                                       "(1 in records before schema 2: one repeated set)", type="int"),
     _f("graph_cold_l2", "bool", "lookup", "the L2 was flushed before every graph-replay sample, as for median_ms"),
     _f("cold_l2", "bool", "lookup", "the L2 was flushed before every sample of the primary measurement"),
-    _f("id_sets", "", "lookup", "independent id sets the lookup rotated through"),
+    _f("id_sets", "", "lookup", "independent id sets the lookup rotated through", type="int"),
     # what is moved
     _f("rows", "rows", "all", "rows looked up per call (tokens x heads, this rank)"),
     _f("row_bytes", "B", "all", "bytes per stored row (dim x element size)"),
@@ -147,7 +182,7 @@ FIELDS: tuple[Field, ...] = (
        "records without one device-resident tables device_random_row_gbps_<N>B, pinned kernel paths "
        "pinned_random_row_gbps_<N>B (N: the row size, else the nearest measured), functional mode "
        "host_memcpy_gbps; host-gather paths host_gather; copy-engine paths h2d_gbps (one contiguous "
-       "host->device copy of as many bytes: what copy engines can move); None on steps", derived=True),
+       "host->device copy of as many bytes: what copy engines can move); None on steps", derived=True, type="str"),
     _f("ceiling_gbps", "GB/s", "lookup",
        "that ceiling in GB/s, bytes counted as the lookup's: rows x row_bytes (random_row: "
        "random_row_ceiling_gbps; host_gather: bytes_moved / host_gather_ceiling_ms)", derived=True),
@@ -164,25 +199,26 @@ FIELDS: tuple[Field, ...] = (
        "single-rank lookups of kernel paths: the key of this case's random-row ceiling in meta.json "
        "ceilings.random_row (<memory>:<table bytes>:<row bytes>:<ids>:h<heads>:n<rows>[:<host_alloc>]): "
        "torch.index_select of rows of the case's id distribution from the tensor its kernel reads, timed as the case (same "
-       "timer, L2 flushing, rotating id sets)"),
+       "timer, L2 flushing, rotating id sets)", type="str"),
     _f("random_row_ceiling_gbps", "GB/s", "lookup", "that ceiling: its rows x row bytes / its median time"),
     _f("random_row_ceiling_at_rows", "", "lookup",
        "the key of the same random-row ceiling at the lookup's own row count (rounded up to whole tokens): "
-       "the plain gather of that batch, its latency floor where the batch is small"),
+       "the plain gather of that batch, its latency floor where the batch is small", type="str"),
     _f("random_row_ceiling_at_rows_gbps", "GB/s", "lookup", "that ceiling's GB/s"),
     _f("pct_of_bandwidth_ceiling", "%", "lookup",
        "100 x gbps / random_row_ceiling_gbps: the share of the bandwidth-bound gather rate (low for a "
        "latency-bound batch, where pct_of_ceiling holds it against its own batch)", derived=True),
     _f("lookup_mechanism", "", "all",
        "how the path moves its rows (from its declared capabilities): kernel (reads the table on the GPU), "
-       "host_gather (the host's cores gather: gathers_on_host), host_copy (copy engines, ids read on the host)"),
+       "host_gather (the host's cores gather: gathers_on_host), host_copy (copy engines, ids read on the host)",
+          type="str"),
     _f("kernel_ran", "", "all",
        "the lookup kernel the backend ran (its kernel_name: the case's kernel, or the backend's default, "
        "which may differ by device, when the case names none); None where no GPU kernel gathers the rows "
-       "(host_gather, host_copy) and in runs before 2026-12-02, whose device default was torch_masked"),
+       "(host_gather, host_copy) and in runs before 2026-12-02, whose device default was torch_masked", type="str"),
     _f("table_in_host_memory", "", "all",
        "the backend declares its table in host memory (capability table_in_host_memory); None: unknown, "
-       "then impl 'device' is device-resident and every other impl is not"),
+       "then impl 'device' is device-resident and every other impl is not", type="bool"),
     # host paths
     _f("host_gather_ceiling_ms", "ms", "all",
        "host paths: the faster of two plain gathers of as many uniform random rows of this table into "
@@ -190,7 +226,7 @@ FIELDS: tuple[Field, ...] = (
        "each plus one host->device copy, timed as host paths are (host_sync, the lookups' L2 setting; "
        "meta.json ceilings.host_gather keeps both medians; schema 3: index_select only)"),
     _f("host_gather_ceiling_gather", "", "all",
-       "the plain gather that binds host_gather_ceiling_ms: index_select | row_loop"),
+       "the plain gather that binds host_gather_ceiling_ms: index_select | row_loop", type="str"),
     _f("host_gather_ceiling_rows_per_s", "rows/s", "all", "rows / host_gather_ceiling_ms"),
     _f("host_gather_ceiling_warm_ms", "ms", "all",
        "the same gather back to back, warm L2, host clock around synchronized calls (the figure before "
@@ -198,17 +234,17 @@ FIELDS: tuple[Field, ...] = (
     _f("pct_of_host_gather_ceiling", "%", "lookup", "100 x host_gather_ceiling_ms / median_ms"),
     _f("lookup_pct_of_host_gather_ceiling", "%", "step", "100 x host_gather_ceiling_ms / lookup_ms"),
     _f("host_thread_ms", "ms", "all", "CPU time of the path's own host threads per lookup"),
-    _f("cache_hit_rate", "", "all", "hot-row cache: share of rows served from the GPU cache (0..1)"),
+    _f("cache_hit_rate", "", "all", "hot-row cache: share of rows served from the GPU cache (0..1)", type="float"),
     _f("unique_rows_fraction", "", "all",
        "distinct rows / rows of one batch of the ids looked up, the median over the case's id sets "
-       "(1 for uniform ids over a large table; lower where n-grams or hot rows repeat)"),
+       "(1 for uniform ids over a large table; lower where n-grams or hot rows repeat)", type="float"),
     _f("ids_trace", "", "all",
        "ids text:<corpus>: the trace's text, size, tokens of its measured and warm-up regions and "
-       "tokenizer (ple_bench/traces.py)"),
+       "tokenizer (ple_bench/traces.py)", type="str"),
     _f("gather_impl", "", "all",
        "pinned_cpu_gather: the code that ran its gather and copy -- native (one C++ call: "
        "backends/cuda/native/host_gather.cpp), python (the same steps from Python: no compiler or ninja, "
-       "or PLE_BENCH_NATIVE=0), general (the ETP / DP / threaded path)"),
+       "or PLE_BENCH_NATIVE=0), general (the ETP / DP / threaded path)", type="str"),
     # multi-rank
     _f("gather_ms", "ms", "lookup", "all-gather of the DP ranks' ids"),
     _f("gather_bytes", "B", "lookup", "bytes the id all-gather moves"),
@@ -217,9 +253,9 @@ FIELDS: tuple[Field, ...] = (
     _f("reduce_busbw_gbps", "GB/s", "lookup", "2 (n-1)/n x reduce_bytes / reduce_ms (nccl-tests' bus bandwidth)"),
     _f("rank_medians_ms", "ms", "all", "every rank's median"),
     _f("rank_spread_ms", "ms", "all", "slowest - fastest rank median"),
-    _f("slowest_rank", "", "all", "the rank whose samples the record holds"),
+    _f("slowest_rank", "", "all", "the rank whose samples the record holds", type="int"),
     _f("sm_limit_granted", "SMs", "all", "sm_limit > 0: SMs the driver gave the side stream's green context"),
-    _f("green_via", "", "all", "sm_limit > 0: how the green context was made"),
+    _f("green_via", "", "all", "sm_limit > 0: how the green context was made", type="str"),
     _f("background_h2d_gbps", "GB/s", "step", "h2d_background: the rate the background host→device copy "
        "achieved beside the step's measurements (the link's share the step did not have)"),
     # decode steps
@@ -236,52 +272,53 @@ FIELDS: tuple[Field, ...] = (
     _f("compute_region_alone_samples_ms", "ms", "step", "raw compute-region-alone samples"),
     _f("compute_region_graph", "", "step",
        "the graph mode the compute regions were timed in: the case's own where its events can be recorded "
-       "there (eager, breakable), else eager (a full-graph case)"),
+       "there (eager, breakable), else eager (a full-graph case)", type="str"),
     _f("exposed_ms", "ms", "step", "step_ms - compute_ms: the lookup time the compute did not hide"),
     _f("overlap_efficiency", "", "step",
        "prefetch steps only: 1 - exposed_ms / exposed_ms of overlap_twin (the same step, prefetch off); not "
        "clamped: negative when the prefetch makes the step slower; None without a twin or off prefetch",
-       derived=True),
+       derived=True, type="float"),
     _f("overlap_twin", "", "step", "the case_id of the prefetch-off twin overlap_efficiency is measured against",
-       derived=True),
+       derived=True, type="str"),
     _f("compute_slowdown", "", "step",
        "compute_in_step_ms / compute_region_alone_ms - 1 (how much the side-stream lookup slows the compute "
        "beside it), both timed in compute_region_graph; None without compute (compute matmul with compute_us = 0), "
        "and None for a host path's eager step "
        "(compute_slowdown_note says why: its compute is launched by the thread that does the lookup)",
-       derived=True),
+       derived=True, type="float"),
     _f("compute_slowdown_note", "", "step",
-       "why compute_slowdown is not given for this step (a host path's eager compute), else None"),
+       "why compute_slowdown is not given for this step (a host path's eager compute), else None", type="str"),
     _f("offload_overhead", "", "step",
        "pinned steps: step_ms / offload_baseline_ms - 1, against the resident step a server would run instead "
        "(see offload_baseline); None for resident steps, and where the run has no such step "
-       "(offload_baseline_note says why)", derived=True),
+       "(offload_baseline_note says why)", derived=True, type="float"),
     _f("offload_baseline", "", "step",
        "the case_id of that resident step: impl device, ids on the device, the same table, shape, heads, tokens, "
        "compute, id distribution, seed and topology, in its fastest graph mode and prefetch setting measured (a "
        "full graph where it was captured; a resident lookup on a side stream is slower on the H200), on this "
-       "step's timer", derived=True),
+       "step's timer", derived=True, type="str"),
     _f("offload_baseline_ms", "ms", "step", "the baseline's step time on this step's timer", derived=True),
     _f("offload_baseline_graph", "", "step", "the graph mode of the baseline figure (eager, breakable, full)",
-       derived=True),
-    _f("offload_baseline_timer", "", "step", "the timer of both steps of offload_overhead", derived=True),
-    _f("offload_baseline_note", "", "step", "why offload_overhead is None for a pinned step", derived=True),
+       derived=True, type="str"),
+    _f("offload_baseline_timer", "", "step", "the timer of both steps of offload_overhead", derived=True, type="str"),
+    _f("offload_baseline_note", "", "step", "why offload_overhead is None for a pinned step", derived=True, type="str"),
     _f("offload_overhead_same_graph", "", "step",
        "step_ms / offload_baseline_same_graph_ms - 1: against the resident step in this step's own graph mode "
        "and prefetch setting (same rule otherwise), so the cost of the graph mode shows apart from the cost of "
-       "the table's place", derived=True),
-    _f("offload_baseline_same_graph", "", "step", "the case_id of that same-graph resident step", derived=True),
+       "the table's place", derived=True, type="float"),
+    _f("offload_baseline_same_graph", "", "step", "the case_id of that same-graph resident step", derived=True,
+       type="str"),
     _f("offload_baseline_same_graph_ms", "ms", "step", "its step time on this step's timer", derived=True),
     _f("step_host_sync_ms", "ms", "step", "resident steps: the same step on the host-sync timer"),
     _f("step_host_sync_samples_ms", "ms", "step", "raw host-sync samples of it"),
     _f("graph_break_cost_ms", "ms", "step", "breakable step - full-graph step (one rank, where capturable)"),
-    _f("graph_break_cost_note", "", "step", "why the full-graph step could not be measured"),
+    _f("graph_break_cost_note", "", "step", "why the full-graph step could not be measured", type="str"),
     _f("full_step_ms", "ms", "step", "the step as one full CUDA graph"),
     _f("full_step_samples_ms", "ms", "step", "raw full-graph step samples"),
     _f("full_step_host_sync_ms", "ms", "step",
        "resident breakable steps: the full-graph step on the host-sync timer (the baseline of host-timed steps)"),
     _f("full_step_host_sync_samples_ms", "ms", "step", "raw host-sync samples of it"),
-    _f("compute_matmuls", "", "step", "chained matmuls of the compute"),
+    _f("compute_matmuls", "", "step", "chained matmuls of the compute", type="int"),
     _f("compute_target_us", "us", "step", "the compute the calibration aimed at (compute_us)"),
     _f("matmul_us", "us", "step", "one matmul, calibrated"),
     _f("compute_bytes", "B", "step",
@@ -303,13 +340,13 @@ FIELDS: tuple[Field, ...] = (
        "None in functional mode or where the run has no read ceiling (runs before 2026-12-02)", derived=True),
     # the served step (kind = "serve": ple_bench.run.serve); it also carries step_ms, compute_ms, exposed_ms
     _f("placement", "", "serve", "where the table is: hbm (in GPU memory, the one-kernel gather, ids on the device) | "
-       "host (pinned host memory, the posted flag path, ids on the host)"),
+       "host (pinned host memory, the posted flag path, ids on the host)", type="str"),
     _f("serve_batch", "sequences", "serve", "sequences in the step (one token each: = tokens per step) = "
        "round(max_batch x batch_fraction)"),
     _f("max_batch", "sequences", "serve", "the capacity rule's largest batch for the placement "
        "(ple_bench.serving.capacity: (HBM x gpu_memory_utilization - weights - table term - activations) / KV "
        "bytes per sequence); skipped serve cases carry it too, with placement, serve_batch and capacity_rule"),
-    _f("capacity_rule", "", "serve", "the capacity rule with its terms in GiB (Capacity.explain())"),
+    _f("capacity_rule", "", "serve", "the capacity rule with its terms in GiB (Capacity.explain())", type="str"),
     _f("hbm_bytes_total", "B", "serve", "the GPU memory the rule starts from (torch's total_memory; a pretend "
        "size in functional mode)"),
     _f("weight_bytes", "B", "serve", "the model's weights allocated (layers, embedding, final norm, LM head, the "
@@ -317,7 +354,7 @@ FIELDS: tuple[Field, ...] = (
     _f("kv_bytes", "B", "serve", "the KV caches allocated for the batch (every layer's K and V, serve_batch x "
        "context_len positions)"),
     _f("kv_source", "", "serve", "measured (the step ran over a KV cache of kv_dtype) | predicted (a skipped case "
-       "with the capacity rule's batch only: no kernel reads that KV dtype)"),
+       "with the capacity rule's batch only: no kernel reads that KV dtype)", type="str"),
     _f("hbm_bytes_used", "B", "serve", "torch's max allocated GPU memory during the case (table, weights, KV, "
        "activations; None in functional mode)"),
     _f("tokens_per_s", "tokens/s", "serve", "serve_batch / step_ms: tokens the batch decodes per second",
@@ -331,21 +368,24 @@ FIELDS: tuple[Field, ...] = (
     _f("table_fill_s", "s", "all", "to fill the shard with its synthetic rows and check it"),
     _f("host_mem_free_before_bytes", "B", "all", "MemAvailable before the table was allocated"),
     _f("host_mem_free_after_bytes", "B", "all", "MemAvailable after it was filled"),
-    _f("host_alloc_from_cache", "", "all", "torch mode on a GPU: the block came from torch's pinned cache"),
-    _f("host_alloc_note", "", "all", "how the memory was allocated, in words"),
+    _f("host_alloc_from_cache", "", "all", "torch mode on a GPU: the block came from torch's pinned cache",
+       type="bool"),
+    _f("host_alloc_note", "", "all", "how the memory was allocated, in words", type="str"),
     _f("table_reused", "", "all", "the case ran on a table an earlier case allocated and filled (of its own "
-       "path, or handed over by another path on the same rows); the allocation fields are that table's"),
+       "path, or handed over by another path on the same rows); the allocation fields are that table's", type="bool"),
     # upgrades
-    _f("upgraded_from", "", "all", "the schema version the stored record had, when older (None: written as is)"),
-    _f("missing_fields", "", "all", "an upgraded record: the fields of its kind it lacks (not measured then)"),
+    _f("upgraded_from", "", "all", "the schema version the stored record had, when older (None: written as is)",
+       type="int"),
+    _f("missing_fields", "", "all", "an upgraded record: the fields of its kind it lacks (not measured then)",
+       type="list[str]"),
     _f("pct_of_random_row_ceiling", "%", "lookup",
        "legacy (version 1): 100 x gbps / the best random-row ceiling", legacy=True),
     _f("legacy_offload_overhead", "", "step",
        "legacy (version <= 4): offload_overhead as stored, against the resident step the run's executor had "
        "last measured with the same table, shape, tokens, compute, graph mode and ids placement (not the id "
-       "distribution, prefetch, nor ids on the device)", legacy=True),
+       "distribution, prefetch, nor ids on the device)", legacy=True, type="float"),
     _f("legacy_overlap_efficiency", "", "step",
-       "legacy (version 1): clamp(1 - exposed_ms / lookup_ms, 0, 1), as stored", legacy=True),
+       "legacy (version 1): clamp(1 - exposed_ms / lookup_ms, 0, 1), as stored", legacy=True, type="float"),
 )
 
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
@@ -376,14 +416,17 @@ def keys_for(kind: str, *, unit: str | None = None, scalar: bool | None = None) 
 
 
 def _is_list(f: Field) -> bool:
+    """A per-sample list (not a scalar, for :func:`keys_for`); ``unstable_measurements``, a list of
+    names, counts as a scalar there, as it always has."""
     return f.name.endswith(("samples_ms", "_throttled", "rank_medians_ms", "rank_outcomes", "missing_fields"))
 
 
 # ------------------------------------------------------------------ derived figures
 
 def num(value: Any) -> float | None:
-    """A finite float, or None (for None, strings, NaN, inf, booleans) -- how every reader of a
-    stored record reads a number."""
+    """A finite float, or None (for None, text that is no number, NaN, inf, booleans) -- how a
+    stored value is read as a number: once, at load, by :func:`coerce_record` for every float and
+    int field; a reader of a loaded record reads the typed field (:class:`Record`)."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -394,6 +437,122 @@ def num(value: Any) -> float | None:
 
 
 _num = num
+
+
+# ------------------------------------------------------------------ typed access, generated from the schema
+
+#: the type of every case axis a record carries (:class:`~ple_bench.spec.case.Case`'s annotations;
+#: ``extra`` is stored as a dict)
+AXIS_TYPES: dict[str, str] = {f.name: (f.type if f.type in ("int", "float", "bool", "str") else "dict")
+                              for f in dataclasses.fields(Case)}
+#: every name a record's reader may ask for, with its type: the schema's fields and the case axes
+FIELD_TYPES: dict[str, str] = {**AXIS_TYPES, **{f.name: f.type for f in FIELDS}}
+
+
+def _int(value: Any) -> int | float | None:
+    f = num(value)
+    if f is None:
+        return None
+    return int(f) if f.is_integer() else f  # a count stored with a fraction keeps it: never rounded away
+
+
+def _bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    return None
+
+
+def _list(item: Any) -> Any:
+    return lambda value: [item(v) for v in value] if isinstance(value, (list, tuple)) else None
+
+
+def _as_stored(value: Any) -> Any:
+    return value
+
+
+_COERCE = {"float": num, "int": _int, "bool": _bool, "str": _as_stored, "dict": _as_stored,
+           "list[float]": _list(num), "list[bool]": _list(_bool), "list[str]": _list(_as_stored),
+           "list[dict]": _list(_as_stored)}
+
+
+def coerce(value: Any, type_: str) -> Any:
+    """``value`` as a field of ``type_`` (:data:`TYPES`) reads it: a finite float or None
+    (:func:`num`: strings of numbers are read, NaN, inf, booleans and text are None); an int (a
+    whole float becomes one; a count stored with a fraction stays the float); a bool (also from
+    0 / 1 and "true" / "false"), else None; a list of such items, else None; text and dicts as
+    stored."""
+    return None if value is None else _COERCE[type_](value)
+
+
+def coerce_record(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a stored record with every schema field and case axis coerced to its declared
+    type (:data:`FIELD_TYPES`, :func:`coerce`); keys the schema does not name are kept as stored.
+    What :func:`ple_bench.results.load_records` does to each record, once, at load."""
+    return {k: (coerce(v, FIELD_TYPES[k]) if k in FIELD_TYPES else v) for k, v in rec.items()}
+
+
+class Record(dict):
+    """A loaded record, read-only, with typed attribute access generated from the schema: each
+    field of :data:`FIELDS` and each case axis is a property (``rec.step_ms``: a float or None;
+    ``rec.num_tokens``: an int or None; a field the record lacks is None), and any other
+    attribute is an ``AttributeError`` naming it.  The values are coerced once, when the view is
+    made (:func:`coerce_record`); item access and ``.get`` read the same values, and keys the
+    schema does not name (a report's ``path`` label) stay readable by item.  It is a dict (json,
+    pandas and ``dict(rec)`` take it as one); ``dict(rec)`` is the writable copy."""
+
+    __slots__ = ()
+
+    def __init__(self, data: Mapping[str, Any] = (), /, **more: Any) -> None:
+        merged = dict(data, **more)
+        super().__init__(merged if isinstance(data, Record) and not more else coerce_record(merged))
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names that are no property: the schema's fields all are
+        raise AttributeError(f"a record has no field {name!r}: not in the schema (ple_bench.record.FIELDS) "
+                             "nor a case axis (ple_bench.spec.case.Case)")
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a Record is read-only: dict(record) is a writable copy")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    update = pop = popitem = setdefault = clear = _read_only
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._read_only()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Record, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"Record({dict.__repr__(self)})"
+
+
+def _field_property(name: str, type_: str, doc: str) -> property:
+    def read(self: Record) -> Any:
+        return dict.get(self, name)
+    read.__name__ = name
+    read.__annotations__ = {"return": f"{type_} | None"}
+    return property(read, doc=doc)
+
+
+def _generate_record_properties() -> None:
+    docs = {f.name: f"{f.definition} ({f.unit})" if f.unit else f.definition for f in FIELDS}
+    for name, type_ in FIELD_TYPES.items():
+        if hasattr(dict, name) or hasattr(Record, name):
+            raise TypeError(f"record field {name!r} shadows a dict or Record attribute: rename it")
+        setattr(Record, name, _field_property(name, type_, docs.get(name, f"the case axis {name}")))
+
+
+_generate_record_properties()
+
+
+def as_record(rec: Mapping[str, Any]) -> Record:
+    """``rec`` as a :class:`Record` (itself when it is one)."""
+    return rec if isinstance(rec, Record) else Record(rec)
 
 
 def twin_key(rec: Mapping[str, Any]) -> str:
@@ -576,18 +735,18 @@ def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[
         out["ceiling"] = "host_gather"
         nbytes = _bytes(rec)
         out["ceiling_gbps"] = nbytes / (ms * 1e6) if nbytes and ms > 0 else None
-        out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
+        out["ceiling_row_bytes"] = _int(rec.get("row_bytes"))  # a byte count: an int, as row_ceiling gives
         median = _num(rec.get("median_ms"))
         out["pct_of_ceiling"] = 100.0 * ms / median if median and median > 0 else None
         return _flag(out)
     if at_rows is not None and at_rows > 0:
         out["ceiling"] = random_row_ceiling_name(rec.get("random_row_ceiling_at_rows"), at_rows=True)
         out["ceiling_gbps"] = at_rows
-        out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
+        out["ceiling_row_bytes"] = _int(rec.get("row_bytes"))  # a byte count: an int, as row_ceiling gives
     elif own is not None and own > 0:
         out["ceiling"] = random_row_ceiling_name(rec.get("random_row_ceiling"))
         out["ceiling_gbps"] = own
-        out["ceiling_row_bytes"] = _num(rec.get("row_bytes"))
+        out["ceiling_row_bytes"] = _int(rec.get("row_bytes"))  # a byte count: an int, as row_ceiling gives
     elif rec.get("mode") not in (None, "gpu"):
         value = _num((ceilings or {}).get("host_memcpy_gbps"))
         out["ceiling"] = "host_memcpy_gbps"
@@ -892,7 +1051,8 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["CaseResult", "RunContext", "build", "SCHEMA_VERSION", "CEILING_SLACK_PCT", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS",
+__all__ = ["CaseResult", "RunContext", "build", "SCHEMA_VERSION", "TYPES", "FIELD_TYPES", "AXIS_TYPES", "Record",
+           "as_record", "coerce", "coerce_record", "num", "CEILING_SLACK_PCT", "Field", "FIELDS", "BY_NAME", "RECORD_KEYS", "DERIVED_KEYS",
            "HOST_ALLOC_KEYS", "keys_for", "derive", "choose_ceiling", "row_ceiling", "twin_key", "twins_of",
            "Peers", "baseline_key", "resident_figures", "PATH_AXES",
            "upgrade", "markdown", "device_resident"]

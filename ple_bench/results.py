@@ -18,7 +18,9 @@ field -- its unit, the kinds of case that carry it, its definition -- is in the
 schema, :mod:`ple_bench.record` (``python -m ple_bench schema`` prints it), with
 ``schema_version``.  Derived figures are computed there once, before a record is
 written; :func:`load_records` / :func:`load` upgrade older records to the current
-schema (:func:`ple_bench.record.upgrade`: ``upgraded_from``, ``missing_fields``).
+schema (:func:`ple_bench.record.upgrade`: ``upgraded_from``, ``missing_fields``), every field of
+the type the schema declares (:data:`ple_bench.record.FIELD_TYPES`; :class:`ple_bench.record.Record`
+reads them as attributes).
 
 ``timer``: ``cuda_event`` (events around calls queued behind a launch-hiding
 spin), ``host_sync`` (each sample one synchronized call on the host clock: for
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 # Keys every record carries (None when not measured for that case): the schema's.
-from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION
+from .record import HOST_ALLOC_KEYS, RECORD_KEYS, SCHEMA_VERSION, coerce_record
 from .record import upgrade as _upgrade
 
 #: a record's ``status``: measured, cannot run here, a wrong result, anything else
@@ -238,9 +240,14 @@ def load_records(run_dir: str | Path, *, upgrade: bool = True,
     """Records of a run (:func:`read_records`); each line that is not a record is named on stderr
     (and appended to ``lost`` when given; ``warn=False``: only appended, the caller names them).
     An archived run may hold ``records.jsonl.gz`` instead (as in docs/runs/).
-    ``upgrade``: records of an older schema come in the current one
-    (:func:`ple_bench.record.upgrade`, with the run's ceilings); ``False``: as stored."""
-    records, found = read_records(run_dir)
+    Every field comes as the schema types it, coerced once, here (:func:`ple_bench.record.coerce_record`:
+    a number stored as a string or an int is a float, a count an int, an unreadable number None);
+    the file is not changed.  ``upgrade``: records of an older schema come in the current one
+    (:func:`ple_bench.record.upgrade`, with the run's ceilings); ``False``: in their stored schema.
+    Plain dicts (a caller may add its own keys); :class:`ple_bench.record.Record` is their
+    read-only view with typed attributes."""
+    stored, found = read_records(run_dir)
+    records = [coerce_record(r) for r in stored]
     if warn:
         warn_lost(found)
     if lost is not None:

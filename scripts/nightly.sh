@@ -4,7 +4,7 @@
 # over the last N nightly runs, and compare those runs with the baseline: a set of
 # accepted runs kept as symlinks in a baseline directory.  With >= 3 runs on each side
 # the verdict is on run medians, Holm-adjusted over the cases (see
-# ple_bench/report/compare.py); for the 23 nightly cases a call needs 6 runs a side, so
+# ple_bench/report/compare/); for the 23 nightly cases a call needs 6 runs a side, so
 # that is the default.  Writes the compare's HTML, markdown and CSV summaries and the
 # history page (each case's run median over the kept runs).  Exits with compare's code:
 # 0 no regression, 1 regression (or a case that broke, or a run itself failed), 2 bad

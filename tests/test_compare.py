@@ -17,7 +17,8 @@ from scipy.stats import mannwhitneyu
 
 from ._fake_runs import CEILINGS, gpu_cases, gpu_meta, lookup_record, write_gpu_run, write_run
 from ple_bench.spec.case import Case
-from ple_bench.report.compare import compare_case, compare_main, compare_runs
+from ple_bench.commands.compare import compare_main
+from ple_bench.report.compare import compare_case, compare_runs
 from ple_bench.results import load_records
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from ple_bench.record import Record
 from ple_bench.report.data import load_run, num
 from ple_bench.report.gallery import make_plots
 from ple_bench.report.plots_traffic import decoder_share, main, plot_decoder, plot_traffic, traffic_series
@@ -54,9 +55,9 @@ def test_the_decoder_share_names_its_ceiling(decoder):
     assert field == "compute_pct_of_d2d" and "no read ceiling in this run" in words  # run before the read ceiling
     assert "D2D copy ceiling" in plot_decoder(decoder).caption
     with_read = load_run(DECODER_RUN)
-    for r in with_read.ok:
-        if num(r.get("compute_hbm_gbps")) is not None:
-            r["compute_pct_of_hbm_read"] = 100 * num(r["compute_hbm_gbps"]) / 4500.0
+    with_read.records = [  # records are read-only views: the run gets copies with the read ceiling's share
+        Record(r, compute_pct_of_hbm_read=100 * r.compute_hbm_gbps / 4500.0)
+        if r.status == "ok" and r.compute_hbm_gbps is not None else r for r in with_read.records]
     field, words, share = decoder_share(with_read)
     assert field == "compute_pct_of_hbm_read" and "read ceiling" in words
     assert max(v for by in share.values() for v in by.values()) < 100

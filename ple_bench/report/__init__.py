@@ -1,16 +1,16 @@
 """Reports and comparisons of stored runs (never measures).
 
 - :func:`build_report` (html.py): ``reports/<run folder name>/index.html``, self-contained.
-- :func:`compare_runs` (compare.py): baseline vs candidate runs (one or several a side), threshold + Mann-Whitney U.
+- :func:`compare_runs` (compare/): baseline vs candidate runs (one or several a side), threshold + Mann-Whitney U;
+  its command line is ``ple_bench.commands.compare``.
 - findings.py: plain-word findings; plots.py: matplotlib (Agg) PNGs inlined as base64;
   data.py: tolerant loading of run directories and grouping helpers; export.py: a run's summaries.
 """
 
 from __future__ import annotations
 
-from .compare import (CaseComparison, CompareResult, add_compare_args, compare_main, compare_runs, run_compare,
-                      write_compare_html)
+from .compare import CaseComparison, CompareResult, compare_runs, write_compare_html
 from .html import add_report_args, build_report, report_main, run_report
 
-__all__ = ["CaseComparison", "CompareResult", "add_compare_args", "build_report", "compare_main", "compare_runs",
-           "add_report_args", "report_main", "run_compare", "run_report", "write_compare_html"]
+__all__ = ["CaseComparison", "CompareResult", "build_report", "compare_runs", "add_report_args", "report_main",
+           "run_report", "write_compare_html"]

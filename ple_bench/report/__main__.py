@@ -1,5 +1,6 @@
 """``python -m ple_bench.report {report,compare} ...``: the report verbs without the main CLI
-(the nightly script uses this so it does not depend on other verbs being installed)."""
+(the nightly script uses this so it does not depend on other verbs being installed).  An entry
+point, in the layer of ``ple_bench.__main__``: it wires in the verbs' modules of ``commands/``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from .compare import add_compare_args, run_compare
+from ..commands.compare import add_compare_args, run_compare
 from .html import add_report_args, run_report
 
 

@@ -14,8 +14,9 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from ..record import Record, as_record
 from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
 from ..units import format_bytes
 
@@ -52,8 +53,12 @@ class Run:
 
     path: Path
     meta: dict[str, Any]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)  # typed read-only views (normalize)
     lost: list[LostLine] = field(default_factory=list)  # lines of records.jsonl that are not records
+
+    def __post_init__(self) -> None:
+        # a run built in memory reads its records through the same typed view as a loaded one
+        self.records = [as_record(r) for r in self.records]
 
     @property
     def run_id(self) -> str:
@@ -164,59 +169,60 @@ def path_label(record: dict[str, Any]) -> str:
     return f"{impl} · {kernel}" if kernel else impl
 
 
-def normalize(record: dict[str, Any]) -> dict[str, Any]:
-    """A copy with the report's display label ``path`` (impl · kernel).  Record fields
-    are read as stored (older records come upgraded by :func:`ple_bench.results.load_records`,
-    the schema's :func:`ple_bench.record.upgrade`); nothing is recomputed here."""
+def normalize(record: Mapping[str, Any]) -> Record:
+    """The read-only typed view of a record (:class:`ple_bench.record.Record`) with the report's
+    display label ``path`` (impl · kernel).  Record fields are read as loaded (typed and, for older
+    records, upgraded by :func:`ple_bench.results.load_records`); nothing is recomputed here."""
     r = dict(record)
     r.setdefault("status", "ok")
     r.setdefault("case_id", "?")
     r["path"] = path_label(r)
-    return r
+    return Record(r)
 
 
 from ..record import num  # noqa: E402  (one way to read a stored number)
 
 
-def samples_of(record: dict[str, Any]) -> list[float]:
+def samples_of(record: Mapping[str, Any]) -> list[float]:
     """The raw per-sample times (ms) of a record: ``samples_ms``, else ``step_samples_ms``."""
-    for key in ("samples_ms", "step_samples_ms"):
-        values = record.get(key)
-        if isinstance(values, (list, tuple)) and values:
-            out = [f for f in (num(v) for v in values) if f is not None]
-            if out:
-                return out
+    r = as_record(record)
+    for values in (r.samples_ms, r.step_samples_ms):
+        out = [v for v in values or () if v is not None]
+        if out:
+            return out
     return []
 
 
-def measured_samples(record: dict[str, Any]) -> list[float]:
+def measured_samples(record: Mapping[str, Any]) -> list[float]:
     """The samples a record's median stands for: :func:`samples_of` without those its
     ``samples_throttled`` flags (the rule is :func:`ple_bench.results.kept_samples`, the
     one the timer's summary uses).  Without per-sample flags, every sample."""
-    for key in ("samples_ms", "step_samples_ms"):
-        values = record.get(key)
-        if not isinstance(values, (list, tuple)) or not values:
+    r = as_record(record)
+    for values in (r.samples_ms, r.step_samples_ms):
+        if not values:
             continue
-        flags = record.get("samples_throttled")
-        if not isinstance(flags, (list, tuple)) or len(flags) != len(values):
+        flags = r.samples_throttled
+        if flags is None or len(flags) != len(values):
             flags = [False] * len(values)
-        pairs = [(f, bool(t)) for f, t in ((num(v), t) for v, t in zip(values, flags)) if f is not None]
+        pairs = [(v, bool(t)) for v, t in zip(values, flags) if v is not None]
         if pairs:
             return kept_samples([f for f, _ in pairs], [t for _, t in pairs])
     return []
 
 
-def unflagged_throttled(record: dict[str, Any]) -> bool:
+def unflagged_throttled(record: Mapping[str, Any]) -> bool:
     """True when the record counts throttled samples (``throttled_samples`` > 0) but does not flag
     which ones (no ``samples_throttled`` of the samples' length: runs older than that field)."""
-    if (num(record.get("throttled_samples")) or 0) <= 0:
+    r = as_record(record)
+    if (r.throttled_samples or 0) <= 0:
         return False
-    flags, values = record.get("samples_throttled"), record.get("samples_ms") or record.get("step_samples_ms")
-    return not (isinstance(flags, (list, tuple)) and isinstance(values, (list, tuple)) and len(flags) == len(values))
+    flags, values = r.samples_throttled, r.samples_ms or r.step_samples_ms
+    return not (flags is not None and values is not None and len(flags) == len(values))
 
 
-def topology(record: dict[str, Any]) -> tuple[int, int, int]:
-    return (int(num(record.get("tp")) or 1), int(num(record.get("etp")) or 1), int(num(record.get("dp")) or 1))
+def topology(record: Mapping[str, Any]) -> tuple[int, int, int]:
+    r = as_record(record)
+    return (int(r.tp or 1), int(r.etp or 1), int(r.dp or 1))
 
 
 def topology_label(record: dict[str, Any]) -> str:
@@ -410,11 +416,11 @@ def run_order_key(run: Run) -> tuple:
     return (run.started_at or "", run.run_id)
 
 
-def median_or_stored(samples: list[float], records: Sequence[dict[str, Any]]) -> float | None:
+def median_or_stored(samples: list[float], records: Sequence[Mapping[str, Any]]) -> float | None:
     """The median of ``samples``, else of the records' stored ``median_ms`` (records that kept no samples)."""
     if samples:
         return statistics.median(samples)
-    stored = [m for m in (num(r.get("median_ms")) for r in records) if m is not None]
+    stored = [m for m in (as_record(r).median_ms for r in records) if m is not None]
     return statistics.median(stored) if stored else None
 
 

@@ -38,7 +38,7 @@ from ..record import keys_for
 from ..serving.slo import SUMMARY_HEADERS, serving_verdict
 from ..spec.case import Case
 from .data import (
-    ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, num, samples_of, topology_label,
+    ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, samples_of, topology_label,
 )
 from .verdict import compute_label, headline, verdicts, write_verdict_json
 
@@ -230,13 +230,13 @@ def summary_markdown(run: Run) -> str:
             else:
                 v = r.get(a)
                 cells.append("" if v is None else str(v) if isinstance(v, str) else fmt(v, 3))
-        noise = num(r.get("noise"))
-        pct = num(r.get("pct_of_ceiling"))
+        noise = r.noise
+        pct = r.pct_of_ceiling
         status = str(r.get("status"))
         if status != "ok" and r.get("reason"):
             status += f": {r['reason']}"
-        cells += [fmt(num(r.get("median_ms")), 3), "" if noise is None else fmt(noise * 100, 2),
-                  fmt(num(r.get("gbps")), 3), "" if pct is None else f"{pct:.0f}", status]
+        cells += [fmt(r.median_ms, 3), "" if noise is None else fmt(noise * 100, 2),
+                  fmt(r.gbps, 3), "" if pct is None else f"{pct:.0f}", status]
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

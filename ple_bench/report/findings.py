@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ..record import as_record
 from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, pairs, points, single_rank,
     status_counts, topology,
@@ -53,9 +54,9 @@ GROUP_TITLES = {"general": "Run and backends", "paths": "Lookup paths side by si
 from ..record import CEILING_SLACK_PCT  # noqa: E402
 
 
-def pct_of_ceiling(record: dict[str, Any]) -> float | None:
+def pct_of_ceiling(record: Mapping[str, Any]) -> float | None:
     """The record's ``pct_of_ceiling`` (the schema's, :func:`ple_bench.record.derive`)."""
-    return num(record.get("pct_of_ceiling"))
+    return as_record(record).pct_of_ceiling
 
 
 def _exceeded(record: dict[str, Any]) -> bool:
@@ -68,11 +69,11 @@ def _exceeded(record: dict[str, Any]) -> bool:
 
 def _shape(record: dict[str, Any]) -> str:
     parts = [str(record.get("dtype") or "?")]
-    if num(record.get("row_bytes")) is not None:
+    if record.row_bytes is not None:
         parts.append(f"{int(record['row_bytes'])} B rows")
-    if num(record.get("table_bytes")) is not None:
+    if record.table_bytes is not None:
         parts.append(f"{fmt_bytes(record['table_bytes'])} table")
-    tokens, heads = num(record.get("num_tokens")), num(record.get("num_heads"))
+    tokens, heads = record.num_tokens, record.num_heads
     if tokens is not None:
         parts.append(f"{int(tokens)} tokens" + (f" × {int(heads)} heads" if heads and heads > 1 else ""))
     return ", ".join(parts)
@@ -132,7 +133,7 @@ def ceiling_findings(run: Run) -> list[Finding]:
             name = best.get("ceiling") or "its"
             text = (f"{impl} reaches at best {pct_of_ceiling(best):.0f}% of the {name} ceiling "
                     f"({fmt(best.get('gbps'))} of {fmt(best.get('ceiling_gbps'))} GB/s) at {_shape(best)}")
-            largest = max(bound, key=lambda r: (num(r.get("table_bytes")) or 0, num(r.get("num_tokens")) or 0))
+            largest = max(bound, key=lambda r: (r.table_bytes or 0, r.num_tokens or 0))
             if largest is not best and len(bound) > 1:
                 text += (f"; with the largest table ({_shape(largest)}) it reaches "
                          f"{pct_of_ceiling(largest):.0f}%")
@@ -186,13 +187,13 @@ def table_size_findings(run: Run) -> list[Finding]:
     ends as % of the row-size pinned (or device) random-row ceiling when stored.
     Prefetch / graph variants are left out when the plain eager lookup was swept."""
     out = []
-    recs = [r for r in _lookups(run) if single_rank(r) and num(r.get("gbps")) is not None]
+    recs = [r for r in _lookups(run) if single_rank(r) and r.gbps is not None]
     plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
     recs = plain or recs
     axes = [a for a in WORKLOAD_AXES if a != "vocab_size"]
     series: dict[tuple, list[dict[str, Any]]] = {}
     for r in recs:
-        series.setdefault((path_of(r), str(r.get("dtype")), num(r.get("row_bytes"))) + key_of(r, axes), []).append(r)
+        series.setdefault((path_of(r), str(r.get("dtype")), r.row_bytes) + key_of(r, axes), []).append(r)
     phrases: dict[tuple, list[tuple[float, str]]] = {}
     for key, rs in series.items():
         pts = points(rs, "table_bytes", "gbps")
@@ -214,11 +215,11 @@ def table_size_findings(run: Run) -> list[Finding]:
             ends = [f"{e} ({p:.0f}%)" for e, (_, p) in zip(ends, (pcts[0], pcts[-1]))]
         change = f", {(ratio - 1) * 100:+.0f}%" if verb != "stays flat (within 15%)" else ""
         sample = rs[0]
-        where = workload_label(sample, with_shape=False).split(", ", 1)[-1] if num(sample.get("table_bytes")) else ""
+        where = workload_label(sample, with_shape=False).split(", ", 1)[-1] if sample.table_bytes else ""
         phrase = f"at {where}: GB/s {verb} from {ends[0]} to {ends[1]}{change}"
-        head = (path_of(sample), str(sample.get("dtype")), num(sample.get("row_bytes")),
+        head = (path_of(sample), str(sample.get("dtype")), sample.row_bytes,
                 rr[0] if rr else None)
-        phrases.setdefault(head, []).append((num(sample.get("num_tokens")) or 0.0, phrase))
+        phrases.setdefault(head, []).append((sample.num_tokens or 0.0, phrase))
     for (path, dtype, rb, rr_name), ps in sorted(phrases.items(), key=lambda kv: str(kv[0])):
         shape = f"{dtype}, {int(rb)} B rows" if rb else dtype
         note = f" (in brackets: % of the {rr_name} ceiling)" if rr_name else ""
@@ -229,7 +230,7 @@ def table_size_findings(run: Run) -> list[Finding]:
 
 def dtype_findings(run: Run) -> list[Finding]:
     out = []
-    recs = [r for r in _lookups(run) if num(r.get("median_ms")) is not None]
+    recs = [r for r in _lookups(run) if r.median_ms is not None]
     groups = pairs(recs, "dtype")
     # ratios[impl][(dtype, ref)] -> list of (time ratio, gbps ratio)
     ratios: dict[str, dict[tuple[str, str], list[tuple[float, float | None]]]] = {}
@@ -239,9 +240,9 @@ def dtype_findings(run: Run) -> list[Finding]:
         for dtype, r in g.items():
             if dtype == ref:
                 continue
-            t = num(r.get("median_ms")) / num(base.get("median_ms"))
-            gb = (num(r.get("gbps")) / num(base.get("gbps"))
-                  if num(r.get("gbps")) and num(base.get("gbps")) else None)
+            t = r.median_ms / base.median_ms
+            gb = (r.gbps / base.gbps
+                  if r.gbps and base.gbps else None)
             ratios.setdefault(str(r.get("impl")), {}).setdefault((str(dtype), str(ref)), []).append((t, gb))
     for impl, by_pair in sorted(ratios.items()):
         parts = []
@@ -271,8 +272,8 @@ def prefetch_findings(run: Run) -> list[Finding]:
     for g in groups:
         on, off = g[True], g[False]
         change = (_step_time(on) / _step_time(off) - 1) * 100
-        key = (path_of(on), num(on.get("num_tokens")) or 0.0, str(on.get("graph") or "eager"))
-        by_path.setdefault(key, []).append((num(on.get("compute_us")) or 0.0, change, on, off))
+        key = (path_of(on), on.num_tokens or 0.0, str(on.get("graph") or "eager"))
+        by_path.setdefault(key, []).append((on.compute_us or 0.0, change, on, off))
     for (path, tokens, graph), rows in sorted(by_path.items()):
         rows.sort(key=lambda t: t[0])
         pays = [r for r in rows if r[1] < -EFFECT_PCT]
@@ -289,7 +290,7 @@ def prefetch_findings(run: Run) -> list[Finding]:
             parts.append(f"it costs time at compute_us = {_list(sorted({r[0] for r in costs}))} "
                          f"(step time {_range_pct([r[1] for r in costs])})")
         text = f"{path}, {int(tokens)} tokens, graph {graph}, decode steps: " + "; ".join(parts) + "."
-        exposed = [(r[0], num(r[2].get("exposed_ms")), num(r[3].get("exposed_ms"))) for r in rows]
+        exposed = [(r[0], r[2].exposed_ms, r[3].exposed_ms) for r in rows]
         exposed = [e for e in exposed if e[1] is not None and e[2] is not None]
         if exposed:
             cu, on_ms, off_ms = max(exposed, key=lambda e: e[0])
@@ -301,7 +302,7 @@ def prefetch_findings(run: Run) -> list[Finding]:
 
 
 def _step_time(r: dict[str, Any]) -> float | None:
-    return num(r.get("step_ms")) if num(r.get("step_ms")) is not None else num(r.get("median_ms"))
+    return r.step_ms if r.step_ms is not None else r.median_ms
 
 
 # Below this share the lookup is called "not hidden at all".
@@ -309,7 +310,7 @@ HIDES_NOTHING = 0.05
 
 
 def _cu_range(rs: Sequence[dict[str, Any]]) -> str:
-    cus = sorted({num(r.get("compute_us")) or 0.0 for r in rs})
+    cus = sorted({r.compute_us or 0.0 for r in rs})
     return f"compute_us = {fmt(cus[0])}" if len(cus) == 1 else f"compute_us {fmt(cus[0])}–{fmt(cus[-1])}"
 
 
@@ -325,19 +326,19 @@ def overlap_findings(run: Run) -> list[Finding]:
     shape_text = f" ({shape})" if shape else ""
     by_tokens: dict[float, list[dict[str, Any]]] = {}
     for r in recs:
-        by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
+        by_tokens.setdefault(r.num_tokens or 0.0, []).append(r)
     for tokens, rs in sorted(by_tokens.items()):
         where = f"At {int(tokens)} tokens{shape_text}"
-        pre = [r for r in rs if r.get("prefetch") and num(r.get("overlap_efficiency")) is not None]
+        pre = [r for r in rs if r.get("prefetch") and r.overlap_efficiency is not None]
         by_path: dict[str, list[dict[str, Any]]] = {}
         for r in pre:
             by_path.setdefault(path_of(r), []).append(r)
         parts = []
-        ranked = sorted(by_path.items(), key=lambda kv: -max(num(r["overlap_efficiency"]) for r in kv[1]))
+        ranked = sorted(by_path.items(), key=lambda kv: -max(r.overlap_efficiency for r in kv[1]))
         for path, prs in ranked:
-            best = max(prs, key=lambda r: (num(r["overlap_efficiency"]), num(r.get("compute_us")) or 0))
-            eff = num(best["overlap_efficiency"])
-            lookup = num(best.get("lookup_ms"))
+            best = max(prs, key=lambda r: (r.overlap_efficiency, r.compute_us or 0))
+            eff = best.overlap_efficiency
+            lookup = best.lookup_ms
             lk = f" of its {fmt(lookup)} ms lookup" if lookup is not None else ""
             if eff < HIDES_NOTHING:
                 cases = "its 1 prefetch case" if len(prs) == 1 else f"all {len(prs)} prefetch cases"
@@ -345,7 +346,7 @@ def overlap_findings(run: Run) -> list[Finding]:
                      f"{cases}, {_cu_range(prs)})")
             else:
                 cfg = step_config_label(best, axes).split(", ", 1)[1:] if axes else []
-                exposed = num(best.get("exposed_ms"))
+                exposed = best.exposed_ms
                 ex = ("" if exposed is None else f", exposed {fmt(exposed)} ms" if exposed >= 0
                       else f", exposed 0 ms (measured {fmt(exposed)})")
                 p = (f"{path} hides at best {eff * 100:.0f}%{lk} at compute_us = {fmt(best.get('compute_us'))}"
@@ -362,8 +363,8 @@ def overlap_findings(run: Run) -> list[Finding]:
                                group="overlap"))
         overhead: dict[str, list[float]] = {}
         for r in rs:
-            if num(r.get("offload_overhead")) is not None:
-                overhead.setdefault(path_of(r), []).append(num(r["offload_overhead"]) * 100)
+            if r.offload_overhead is not None:
+                overhead.setdefault(path_of(r), []).append(r.offload_overhead * 100)
         if overhead:
             ov = "; ".join(f"{path} {_range_pct(v)} ({len(v)} case{'s' if len(v) != 1 else ''})"
                            for path, v in sorted(overhead.items()))
@@ -375,8 +376,8 @@ def overlap_findings(run: Run) -> list[Finding]:
 
 def _slowdowns(rs: Sequence[dict[str, Any]]) -> list[float]:
     """compute_slowdown in % where there is compute to slow (compute_us > 0)."""
-    return [num(r["compute_slowdown"]) * 100 for r in rs
-            if num(r.get("compute_slowdown")) is not None and (num(r.get("compute_us")) or 0) > 0]
+    return [r.compute_slowdown * 100 for r in rs
+            if r.compute_slowdown is not None and (r.compute_us or 0) > 0]
 
 
 def _speed_words(time_ratios: Sequence[float]) -> str:
@@ -402,14 +403,14 @@ def path_ranking_findings(run: Run) -> list[Finding]:
     out = []
     for g in path_groups(run, min_paths=3):  # two-path workloads: see path_vs_reference_findings
         best = g.fastest
-        t0 = num(best.get("median_ms"))
+        t0 = best.median_ms
         ceil = []
         if pct_of_ceiling(best) is not None:
             ceil.append(f"{pct_of_ceiling(best):.0f}% of {best.get('ceiling')}"
                         + (": that ceiling does not bind this path, it is wrong for it" if _exceeded(best) else ""))
         head = (f"{g.label}: fastest {path_of(best)}, {fmt(t0)} ms, {fmt(best.get('gbps'))} GB/s"
                 + (f" ({', '.join(ceil)})" if ceil else ""))
-        rest = [f"{path_of(r)} {num(r.get('median_ms')) / t0:.2f}×" for r in g.records[1:]]
+        rest = [f"{path_of(r)} {r.median_ms / t0:.2f}×" for r in g.records[1:]]
         out.append(Finding("lookup paths", head + "; then (× its time) " + ", ".join(rest) + ".",
                            group="paths"))
     return out
@@ -427,9 +428,9 @@ def path_vs_reference_findings(run: Run) -> list[Finding]:
         for r in g.records:
             if r is ref:
                 continue
-            tokens = (num(r.get("num_tokens")) or 0.0, num(r.get("num_heads")) or 1.0)
+            tokens = (r.num_tokens or 0.0, r.num_heads or 1.0)
             ratios.setdefault(path_of(r), {}).setdefault(tokens, []).append(
-                num(r.get("median_ms")) / num(ref.get("median_ms")))
+                r.median_ms / ref.median_ms)
     for path, by_tokens in sorted(ratios.items()):
         parts = []
         for (tokens, heads), rs in sorted(by_tokens.items()):
@@ -442,13 +443,13 @@ def path_vs_reference_findings(run: Run) -> list[Finding]:
 
 def hot_cache_findings(run: Run) -> list[Finding]:
     out = []
-    recs = [r for r in _lookups(run) if int(num(r.get("cache_rows")) or 0) > 0 and num(r.get("gbps")) is not None]
+    recs = [r for r in _lookups(run) if int(r.cache_rows or 0) > 0 and r.gbps is not None]
     if not recs:
         return out
     rates = [(r, hit_rate(r)) for r in recs]
     recorded = [(r, h) for r, h in rates if h is not None]
-    best = max(recs, key=lambda r: num(r["gbps"]))
-    text = f"{path_of(best)} (cache of {fmt(int(num(best['cache_rows'])))} rows)"
+    best = max(recs, key=lambda r: r.gbps)
+    text = f"{path_of(best)} (cache of {fmt(int(best.cache_rows))} rows)"
     if recorded:
         hs = [h * 100 for _, h in recorded]
         span = f"{hs[0]:.0f}%" if max(hs) - min(hs) < 0.5 else f"{min(hs):.0f}%–{max(hs):.0f}%"
@@ -462,8 +463,8 @@ def hot_cache_findings(run: Run) -> list[Finding]:
         if pct > CEILING_SLACK_PCT:
             text += (" — that ceiling is wrong for a cached path: most rows came from the GPU-resident cache, "
                      "not across the host link it measures")
-    rows = num(best.get("rows")) or ((num(best.get("num_tokens")) or 0) * (num(best.get("num_heads")) or 1))
-    if not recorded and rows and num(best["cache_rows"]) >= rows:
+    rows = best.rows or ((best.num_tokens or 0) * (best.num_heads or 1))
+    if not recorded and rows and best.cache_rows >= rows:
         text += (f". The cache can hold every one of the {fmt(int(rows))} ids looked up: if it was warmed on "
                  f"them this is an all-hit best case, not what a cache this size gives on a real id stream")
     out.append(Finding("hot cache", text + ".", "warn" if not recorded else "info", group="paths"))
@@ -475,16 +476,16 @@ def ids_findings(run: Run) -> list[Finding]:
     out = []
     recs = _lookups(run)
     by_path: dict[tuple[str, str], dict[tuple, list[tuple[str, float]]]] = {}
-    for g in pairs([r for r in recs if num(r.get("median_ms"))], "ids"):
+    for g in pairs([r for r in recs if r.median_ms], "ids"):
         if "uniform" not in g:
             continue
         base = g["uniform"]
         for ids, r in g.items():
             if ids == "uniform":
                 continue
-            tokens = (num(r.get("num_tokens")) or 0.0, num(r.get("num_heads")) or 1.0)
+            tokens = (r.num_tokens or 0.0, r.num_heads or 1.0)
             by_path.setdefault((path_of(r), str(ids)), {}).setdefault(tokens, []).append(
-                (fmt_bytes(r.get("table_bytes")), num(r.get("median_ms")) / num(base.get("median_ms"))))
+                (fmt_bytes(r.get("table_bytes")), r.median_ms / base.median_ms))
     for (path, ids), by_tokens in sorted(by_path.items()):
         parts = []
         for (tokens, heads), rows in sorted(by_tokens.items()):
@@ -497,7 +498,7 @@ def ids_findings(run: Run) -> list[Finding]:
 
 def topology_findings(run: Run) -> list[Finding]:
     out = []
-    recs = [r for r in run.ok if num(r.get("median_ms")) is not None]
+    recs = [r for r in run.ok if r.median_ms is not None]
     if len({topology(r) for r in recs}) < 2:
         return out
     by_impl: dict[str, dict[str, list[float]]] = {}
@@ -512,7 +513,7 @@ def topology_findings(run: Run) -> list[Finding]:
                 continue
             impl = str(r.get("impl"))
             by_impl.setdefault(impl, {}).setdefault(label, []).append(
-                num(r.get("median_ms")) / num(base.get("median_ms")))
+                r.median_ms / base.median_ms)
             for key in ("gather_ms", "reduce_ms", "rank_spread_ms"):
                 if num(r.get(key)) is not None:
                     extras.setdefault(impl, {}).setdefault(label, {}).setdefault(key, []).append(num(r.get(key)))
@@ -533,7 +534,7 @@ def topology_findings(run: Run) -> list[Finding]:
 
 def graph_and_cache_findings(run: Run) -> list[Finding]:
     out = []
-    recs = [r for r in _lookups(run) if num(r.get("median_ms"))]
+    recs = [r for r in _lookups(run) if r.median_ms]
     by_impl: dict[str, dict[str, list[float]]] = {}
     for r in recs:
         for key in ("graph_median_ms", "hot_median_ms"):
@@ -541,10 +542,10 @@ def graph_and_cache_findings(run: Run) -> list[Finding]:
                 # a graph replay is like for like with the eager figure only when it rotated the same
                 # id sets with the L2 flushed (older records replayed one set, warm)
                 like = key != "graph_median_ms" or (bool(r.get("graph_cold_l2")) == bool(r.get("cold_l2", True))
-                                                    and (num(r.get("graph_id_sets")) or 1) == (num(r.get("id_sets")) or 1))
+                                                    and (r.graph_id_sets or 1) == (r.id_sets or 1))
                 name = key if like else "graph_warm_one_set"
                 by_impl.setdefault(str(r.get("impl")), {}).setdefault(name, []).append(
-                    num(r.get(key)) / num(r.get("median_ms")))
+                    num(r.get(key)) / r.median_ms)
     for impl, d in sorted(by_impl.items()):
         parts = []
         if "graph_median_ms" in d:
@@ -574,15 +575,15 @@ def offload_answer_findings(run: Run) -> list[Finding]:
 
 def noise_findings(run: Run) -> list[Finding]:
     out = []
-    noisy = [r for r in run.ok if (num(r.get("cv")) or 0) > NOISY_CV]
+    noisy = [r for r in run.ok if (r.cv or 0) > NOISY_CV]
     if noisy:
-        worst = max(noisy, key=lambda r: num(r.get("cv")))
+        worst = max(noisy, key=lambda r: r.cv)
         out.append(Finding("noise", f"{len(noisy)} case{'s' if len(noisy) != 1 else ''} had a coefficient of "
-                           f"variation above {NOISY_CV:.0%} (worst {num(worst['cv']):.0%}, {worst.get('case_id')}); "
+                           f"variation above {NOISY_CV:.0%} (worst {worst.cv:.0%}, {worst.get('case_id')}); "
                            f"treat their numbers with care.", "warn"))
-    throttled = [r for r in run.ok if (num(r.get("throttled_samples")) or 0) > 0]
+    throttled = [r for r in run.ok if (r.throttled_samples or 0) > 0]
     if throttled:
-        total = sum(int(num(r.get("throttled_samples"))) for r in throttled)
+        total = sum(int(r.throttled_samples) for r in throttled)
         out.append(Finding("noise", f"{total} samples in {len(throttled)} cases were dropped because the SM clock "
                            f"was throttled.", "warn"))
     return out
@@ -602,7 +603,7 @@ def findings(run: Run) -> list[Finding]:
                                    "records); read the numbers with that in mind.", "warn"))
     out += status_finding(run)
     out += offload_answer_findings(run)
-    if not run.ceilings and any(num(r.get("gbps")) for r in run.ok):
+    if not run.ceilings and any(r.gbps for r in run.ok):
         out.append(Finding("ceiling", "No bandwidth ceilings were measured on this run, so GB/s cannot be put "
                                       "against what the hardware can do."))
     for fn in (ceiling_findings, dtype_findings, topology_findings, graph_and_cache_findings,

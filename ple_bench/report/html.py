@@ -194,11 +194,11 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
         t0 = num(g.fastest.get("median_ms"))
         ref = g.reference
         for r in g.records:
-            t = num(r.get("median_ms"))
+            t = r.median_ms
             row = {"workload": g.label, "table_bytes": r.get("table_bytes"), "path": path_of(r),
                    "cache_rows": r.get("cache_rows") or None,
                    "median_ms": t, "vs_fastest": t / t0, "status": "ok",
-                   "vs_reference": t / num(ref.get("median_ms")) if ref is not None else None,
+                   "vs_reference": t / ref.median_ms if ref is not None else None,
                    "gbps": r.get("gbps"), "rows_per_s": r.get("rows_per_s"), "hit_rate": hit_rate(r),
                    "host_thread_ms": r.get("host_thread_ms"), "case_id": r.get("case_id"),
                    "pct_of_ceiling": pct_of_ceiling(r), "ceiling": r.get("ceiling")}
@@ -222,7 +222,7 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
                help="CPU time of the path's own host threads per lookup (0: the path uses none)"),
         Column("case_id", "case", "text"),
     ]
-    sizes = {num(r["table_bytes"]) for r in rows}
+    sizes = {num(r["table_bytes"]) for r in rows}  # table rows: plain dicts of the report
     cols = [c for c in cols if c.key in ("workload", "path") or (c.key == "table_bytes" and len(sizes) > 1)
             or (c.key != "table_bytes" and any(c.raw(r) not in (None, "") for r in rows))]
     return cols, table_rows(cols, rows)
@@ -230,11 +230,11 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
 
 def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
     recs, shape = decode_steps(run)
-    recs = sorted(recs, key=lambda r: (num(r.get("table_bytes")) or 0, num(r.get("num_tokens")) or 0, path_of(r),
+    recs = sorted(recs, key=lambda r: (r.table_bytes or 0, r.num_tokens or 0, path_of(r),
                                        not r.get("prefetch"),
-                                       str(r.get("graph")), num(r.get("stream_priority")) or 0,
-                                       num(r.get("grid_frac")) or 1.0, num(r.get("sm_limit")) or 0,
-                                       num(r.get("compute_us")) or 0))
+                                       str(r.get("graph")), r.stream_priority or 0,
+                                       r.grid_frac or 1.0, r.sm_limit or 0,
+                                       r.compute_us or 0))
     axes = step_config_axes(recs, with_table=True)
     cols = [
         Column("table_bytes", "table", formatter=fmt_bytes, help="bytes of the whole table"),
@@ -481,9 +481,9 @@ def key_cases(runs: Sequence[Run], current: Run, limit: int = 8) -> list[str]:
     for run in runs:
         for r in run.ok:
             seen[r["case_id"]] = seen.get(r["case_id"], 0) + 1
-    candidates = [r for r in current.ok if seen.get(r["case_id"], 0) >= 2 and num(r.get("median_ms"))]
-    candidates.sort(key=lambda r: (-seen[r["case_id"]], -(num(r.get("table_bytes")) or 0),
-                                   -(num(r.get("num_tokens")) or 0), r["case_id"]))
+    candidates = [r for r in current.ok if seen.get(r["case_id"], 0) >= 2 and r.median_ms]
+    candidates.sort(key=lambda r: (-seen[r["case_id"]], -(r.table_bytes or 0),
+                                   -(r.num_tokens or 0), r["case_id"]))
     chosen, groups = [], set()
     for r in candidates:
         g = (r.get("kind"), r.get("impl"), r.get("dtype"), bool(r.get("prefetch")), topology_label(r))
@@ -520,7 +520,7 @@ def build_trend(current: Run, history_dirs: Sequence[str | Path]) -> Trend | Non
         values = []
         for i, run in enumerate(ordered):
             r = next((x for x in run.ok if x.get("case_id") == cid), None)
-            rec[f"run{i}"] = num(r.get("median_ms")) if r else None
+            rec[f"run{i}"] = r.median_ms if r else None
             if rec[f"run{i}"] is not None:
                 values.append(rec[f"run{i}"])
         rec["change"] = (values[-1] / values[-2] - 1) * 100 if len(values) >= 2 and values[-2] else None

@@ -20,6 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
+from ..record import Record
 from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology,
     topology_label,
@@ -256,7 +257,7 @@ def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> 
     """H2D copy and random-row ceilings at the records' row size (pinned and/or device)."""
     names: dict[str, float] = {}
     impls = {str(r.get("impl")) for r in records}
-    rbs = {num(r.get("row_bytes")) for r in records}
+    rbs = {r.row_bytes for r in records}
     rb = rbs.pop() if len(rbs) == 1 else None
     if any(i.startswith("pinned") for i in impls):
         for base in ("h2d_gbps", "pinned_random_row_gbps"):
@@ -272,7 +273,7 @@ def _row_ceiling_lines(ax: Any, run: Run, records: Sequence[dict[str, Any]]) -> 
 
 def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | None:
     """GB/s along table size (or row size), one panel per token count, one line per path and dtype."""
-    recs = [r for r in _lookups(run) if num(r.get("gbps")) is not None]
+    recs = [r for r in _lookups(run) if r.gbps is not None]
     dropped = []
     for keep, what_ in (
         (lambda r: not r.get("prefetch") and r.get("graph") in (None, "", "eager"), "prefetch / graph replays"),
@@ -287,14 +288,14 @@ def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | No
         # Row shapes swept over at least three table sizes (others have no trend to show).
         shapes: dict[tuple, set] = {}
         for r in recs:
-            shapes.setdefault((r.get("dtype"), r.get("dim")), set()).add(num(r.get("table_bytes")))
+            shapes.setdefault((r.get("dtype"), r.get("dim")), set()).add(r.table_bytes)
         swept = {k for k, v in shapes.items() if len(v) >= 3}
         if swept and len(swept) < len(shapes):
             recs = [r for r in recs if (r.get("dtype"), r.get("dim")) in swept]
             dropped.append("row shapes measured at fewer than three table sizes")
     by_tokens: dict[float, list[dict[str, Any]]] = {}
     for r in recs:
-        by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
+        by_tokens.setdefault(r.num_tokens or 0.0, []).append(r)
     panels = [(t, rs) for t, rs in sorted(by_tokens.items()) if _has_sweep(rs, x, "gbps", ["path", "dtype"])]
     if not panels:
         return None
@@ -337,7 +338,7 @@ def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | No
                         linestyle=LINESTYLES.get(str(kv.get("dtype")), "-"),
                         marker=MARKERS[sorted(colors).index(path) % len(MARKERS)] if path in colors else "o",
                         markersize=5, label=label)
-            heads = {num(r.get("num_heads")) for r in rs}
+            heads = {r.num_heads for r in rs}
             h = heads.pop() if len(heads) == 1 else None
             ax.set_title(f"{int(tokens)} tokens" + (f" × {int(h)} heads" if h and h > 1 else ""), fontsize=10)
             xlabel = "table size (log scale)" if x == "table_bytes" else "row size (log scale)"
@@ -359,7 +360,7 @@ def plot_bandwidth(run: Run, x: str, height: float = KEY_HEIGHT_IN) -> Plot | No
 
 
 def plot_latency_vs_tokens(run: Run, height: float = 4.6) -> Plot | None:
-    recs = [r for r in _lookups(run) if num(r.get("median_ms")) is not None]
+    recs = [r for r in _lookups(run) if r.median_ms is not None]
     plain = [r for r in recs if not r.get("prefetch") and r.get("graph") in (None, "", "eager")]
     recs = plain if _has_sweep(plain, "num_tokens", "median_ms", ["path", "dtype"]) else recs
     if not _has_sweep(recs, "num_tokens", "median_ms", ["path", "dtype"]):
@@ -417,7 +418,7 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
     for g in groups:
         t0 = num(g.fastest.get("median_ms"))
         for r in g.records:
-            rel.setdefault(path_of(r), []).append(num(r.get("median_ms")) / t0)
+            rel.setdefault(path_of(r), []).append(r.median_ms / t0)
     scores = {p: (p, statistics.median(v)) for p, v in rel.items()}
 
     def draw(only: set[str] | None) -> tuple[Figure, int]:
@@ -433,10 +434,10 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
                     continue
                 pi = paths.index(path_of(r))
                 xpos = gi + (pi - (len(paths) - 1) / 2) * width
-                axes[0].bar(xpos, num(r.get("gbps")) or 0.0, width=width, color=colors[path_of(r)],
+                axes[0].bar(xpos, r.gbps or 0.0, width=width, color=colors[path_of(r)],
                             label=path_of(r))
                 if has_ref and ref is not None:
-                    speed = num(ref.get("median_ms")) / num(r.get("median_ms"))
+                    speed = ref.median_ms / r.median_ms
                     axes[1].bar(xpos, speed, width=width, color=colors[path_of(r)], label=path_of(r))
         rbs = {num(g.fastest.get("row_bytes")) for g in groups}
         rb = rbs.pop() if len(rbs) == 1 else None
@@ -462,7 +463,7 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
         if same_shape:
             f = groups[0].fastest
             axes[0].set_title(f"GB/s (rows moved × row bytes / median time) — {f.get('dtype')}, "
-                              f"{fmt(num(f.get('row_bytes')))} B rows", fontsize=10)
+                              f"{fmt(f.row_bytes)} B rows", fontsize=10)
         return fig, _figure_legend(fig, axes)
 
     caption = ("Single-GPU lookups; each group is one workload (same dtype, row size, table size, tokens, heads, "
@@ -500,13 +501,13 @@ def plot_step_overlap(run: Run) -> list[Plot]:
     efficiency (0–100%) and compute slowdown vs compute_us, one line per
     path / prefetch / graph mode / stream priority."""
     recs, shape = decode_steps(run)
-    recs = [r for r in recs if num(r.get("compute_us")) is not None]
+    recs = [r for r in recs if r.compute_us is not None]
     if not recs:
         return []
     axes_names = step_config_axes(recs, with_table=True)
     by_tokens: dict[float, list[dict[str, Any]]] = {}
     for r in recs:
-        by_tokens.setdefault(num(r.get("num_tokens")) or 0.0, []).append(r)
+        by_tokens.setdefault(r.num_tokens or 0.0, []).append(r)
     colors = _path_colors(run)
     out = []
     for tokens, rs in sorted(by_tokens.items()):
@@ -517,12 +518,12 @@ def plot_step_overlap(run: Run) -> list[Plot]:
         ) if sum(1 for r in rs if num(r.get(y)) is not None) >= 2]
         titles = {"exposed_ms": "lookup time not hidden", "overlap_efficiency": "1 − exposed / exposed without prefetch",
                   "compute_slowdown": "in-step compute / compute alone − 1"}
-        if not panels or len({num(r.get("compute_us")) for r in rs}) < 2:
+        if not panels or len({r.compute_us for r in rs}) < 2:
             continue
         series: dict[str, list[dict[str, Any]]] = {}
         for r in rs:
             series.setdefault(step_config_label(r, axes_names), []).append(r)
-        exposed = [num(r.get("exposed_ms")) for r in rs if num(r.get("exposed_ms")) is not None]
+        exposed = [r.exposed_ms for r in rs if r.exposed_ms is not None]
         positive = [v for v in exposed if v > 0]
         log_exposed = bool(positive) and max(positive) / min(positive) > 20
         floor = min(positive) / 2 if positive else 0.0
@@ -693,31 +694,31 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
     (:func:`ple_bench.report.verdict.scope`), so the plot under the banner shows its rows; the
     unscoped plot (every table and id distribution) is made only where it differs."""
     recs, shape = decode_steps(run)
-    recs = [r for r in recs if num(r.get("step_ms")) is not None and num(r.get("compute_us"))]
+    recs = [r for r in recs if r.step_ms is not None and r.compute_us]
     where = scope(candidates(run.records))
-    in_scope = [r for r in recs if where is not None and int(num(r.get("table_bytes")) or 0) == where.table_bytes
+    in_scope = [r for r in recs if where is not None and int(r.table_bytes or 0) == where.table_bytes
                 and str(r.get("ids") or "uniform") == where.ids]
     if scoped and in_scope:
         recs = in_scope
         shape = ", ".join(x for x in (f"{fmt_bytes(where.table_bytes)} table", f"{where.ids} ids", shape) if x)
     elif not scoped and (not in_scope or len(in_scope) == len(recs)):
         return None
-    computes = sorted({num(r.get("compute_us")) for r in recs})[-2:]
-    recs = [r for r in recs if num(r.get("compute_us")) in computes]
-    if len({num(r.get("num_tokens")) for r in recs}) < 2:
+    computes = sorted({r.compute_us for r in recs})[-2:]
+    recs = [r for r in recs if r.compute_us in computes]
+    if len({r.num_tokens for r in recs}) < 2:
         return None
     axes_names = step_config_axes(recs, with_table=True)
     colors = _path_colors(run)
     # pinned steps timed on the host clock are held against the resident full graph on the same clock
     # (record.resident_figures): draw that figure too, or the page compares two clocks
     if any(str(r.get("timer")) == "host_sync" and not _resident(r) for r in recs):
-        recs = recs + [dict(r, step_ms=num(r.get("full_step_host_sync_ms")), graph="full", _host_clock=True)
+        recs = recs + [Record(r, step_ms=r.full_step_host_sync_ms, graph="full", _host_clock=True)
                        for r in recs if _resident(r) and str(r.get("ids_on") or "device") == "device"
-                       and num(r.get("full_step_host_sync_ms")) is not None]
+                       and r.full_step_host_sync_ms is not None]
     series = {cu: {} for cu in computes}
     for r in recs:
         label = step_config_label(r, axes_names) + (", full graph, host clock" if r.get("_host_clock") else "")
-        series[num(r.get("compute_us"))].setdefault(label, []).append(r)
+        series[r.compute_us].setdefault(label, []).append(r)
     series = {cu: {label: srs for label, srs in s.items() if len(points(srs, "num_tokens", "step_ms")) >= 2}
               for cu, s in series.items()}
     if not any(series.values()):
@@ -774,7 +775,7 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
 
 
 def plot_topology(run: Run) -> Plot | None:
-    recs = [r for r in run.ok if num(r.get("median_ms")) is not None]
+    recs = [r for r in run.ok if r.median_ms is not None]
     if len({topology(r) for r in recs}) < 2:
         return None
     # Only cases measured at several topologies with everything else equal.
@@ -795,7 +796,7 @@ def plot_topology(run: Run) -> Plot | None:
     for i, (key, rs) in enumerate(series):
         by_label: dict[str, dict[str, Any]] = {topology_label(r): r for r in rs}
         xs = [j + i * width for j, lab in enumerate(labels) if lab in by_label]
-        ys = [num(by_label[lab].get("median_ms")) for lab in labels if lab in by_label]
+        ys = [by_label[lab].median_ms for lab in labels if lab in by_label]
         ax.bar(xs, ys, width=width, label=sl.label(key), color=f"C{i % 10}")
     ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(labels))], labels)
     ax.set_title("median lookup time per rank", fontsize=10)

@@ -62,7 +62,7 @@ def _median_by(records: Sequence[dict[str, Any]], value) -> dict[str, dict[float
     """ids -> tokens -> the median of ``value(record)`` over the records (None values left out)."""
     acc: dict[str, dict[float, list[float]]] = {}
     for r in records:
-        v, t = value(r), num(r.get("num_tokens"))
+        v, t = value(r), r.num_tokens
         if v is not None and t is not None:
             acc.setdefault(str(r.get("ids") or "uniform"), {}).setdefault(t, []).append(v)
     return {ids: {t: statistics.median(vs) for t, vs in sorted(by.items())} for ids, by in acc.items()}
@@ -72,9 +72,9 @@ def traffic_series(run: Run) -> tuple[dict[str, dict[float, float]], dict[str, d
     """(unique-rows fraction, hot-cache hit rate, the cache's rows), each ids -> tokens -> median over
     the run's lookups (the unique fraction is the workload's: every path's lookups of it count)."""
     recs = lookups(run)
-    unique = _median_by(recs, lambda r: num(r.get("unique_rows_fraction")))
+    unique = _median_by(recs, lambda r: r.unique_rows_fraction)
     cached = [r for r in recs if hit_rate(r) is not None]
-    rows = {int(num(r.get("cache_rows")) or 0) for r in cached}
+    rows = {int(r.cache_rows or 0) for r in cached}
     return unique, _median_by(cached, hit_rate), (max(rows) if rows else None)
 
 
@@ -127,7 +127,7 @@ def decoder_share(run: Run) -> tuple[str, str, dict[Any, dict[float, float]]]:
         words = "% of the run's D2D copy ceiling (read + write: no read ceiling in this run)"
     acc: dict[Any, dict[float, list[float]]] = {}
     for r in steps:
-        v, t = num(r.get(field)), num(r.get("num_tokens"))
+        v, t = num(r.get(field)), r.num_tokens
         if v is not None and t is not None:
             acc.setdefault(compute_of(r), {}).setdefault(t, []).append(v)
     return field, words, {c: {t: statistics.median(v) for t, v in sorted(by.items())} for c, by in acc.items()}

@@ -20,8 +20,9 @@ Nothing here measures or formats prose; see findings.py for the words.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ..record import as_record
 from ..serving.slo import ServingAnswer, serving_verdict
 from .data import (
     AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, single_rank,
@@ -41,9 +42,9 @@ def serving_answers(run: Run, tpot_ms: float | None = None) -> list[ServingAnswe
 def served_steps(run: Run) -> list[dict[str, Any]]:
     """The run's serve records (ok and not), by model, context, KV dtype, placement, batch."""
     return sorted((r for r in run.records if r.get("kind") == "serve"),
-                  key=lambda r: (str(r.get("model")), str(r.get("kv_dtype")), num(r.get("table_bytes")) or 0,
-                                 num(r.get("context_len")) or 0, str(r.get("placement")),
-                                 num(r.get("serve_batch")) or 0))
+                  key=lambda r: (str(r.get("model")), str(r.get("kv_dtype")), r.table_bytes or 0,
+                                 r.context_len or 0, str(r.get("placement")),
+                                 r.serve_batch or 0))
 
 
 def path_of(record: dict[str, Any]) -> str:
@@ -53,7 +54,7 @@ def path_of(record: dict[str, Any]) -> str:
 def lookups(run: Run) -> list[dict[str, Any]]:
     """Measured single-GPU lookups with a median time."""
     return [r for r in run.ok if (r.get("kind") or "lookup") == "lookup" and single_rank(r)
-            and num(r.get("median_ms"))]
+            and r.median_ms]
 
 
 def hit_rate(record: dict[str, Any]) -> float | None:
@@ -66,14 +67,15 @@ def hit_rate(record: dict[str, Any]) -> float | None:
     return None
 
 
-def workload_label(record: dict[str, Any], *, with_shape: bool = True) -> str:
+def workload_label(record: Mapping[str, Any], *, with_shape: bool = True) -> str:
+    record = as_record(record)
     parts = []
-    rb = num(record.get("row_bytes"))
+    rb = record.row_bytes
     if with_shape:
         parts.append(f"{record.get('dtype')} {int(rb)} B rows" if rb else str(record.get("dtype")))
-    if num(record.get("table_bytes")) is not None:
+    if record.table_bytes is not None:
         parts.append(f"{fmt_bytes(record['table_bytes'])} table")
-    tokens, heads = num(record.get("num_tokens")), num(record.get("num_heads"))
+    tokens, heads = record.num_tokens, record.num_heads
     if tokens is not None:
         parts.append(f"{int(tokens)} tokens" + (f" × {int(heads)} heads" if heads and heads > 1 else ""))
     if record.get("ids"):
@@ -120,7 +122,7 @@ def path_groups(run: Run, min_paths: int = 2) -> list[PathGroup]:
     for key, paths in by_key.items():
         if len(paths) < min_paths:
             continue
-        recs = sorted(paths.values(), key=lambda r: num(r.get("median_ms")))
+        recs = sorted(paths.values(), key=lambda r: r.median_ms)
         groups.append(PathGroup(key=key, label=workload_label(recs[0]), records=recs))
     groups.sort(key=lambda g: tuple(_order(axis_value(g.fastest, a)) for a in
                                     ("dtype", "row_bytes", "num_tokens", "table_bytes", "ids", "graph", "prefetch")))
