@@ -915,10 +915,11 @@ def _by_path(cases: Sequence[LooCase], what: str) -> dict[str, ErrorStats]:
 
 
 def build_model(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]], *, loo: bool = True,
-                strict: bool = False) -> Model:
+                strict: bool = False, config_loo: bool = True) -> Model:
     """Calibrate and fit on ``records`` (each with ``_run_id``), every row shape together.
     ``loo``: measure the held-out-shape, the extrapolation and the leave-one-out errors too;
-    ``strict``: and the held-out-shape error with the shape's ceilings left out."""
+    ``strict``: and the held-out-shape error with the shape's ceilings left out; ``config_loo``:
+    the leave-one-out by configuration too (the slowest)."""
     rates = calibrate(records, metas)
     points = step_points(records)
     m = Model(rates, fit(points, rates), points)
@@ -928,7 +929,7 @@ def build_model(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any
         m.shape_overall = _stats(m.shape_cases, "held-out shape", "all paths")
         if strict:
             m.strict_cases = shape_holdout(points, rates, metas=metas, strict=True)
-        m.loo_cases = leave_one_out(points, rates)
+        m.loo_cases = leave_one_out(points, rates) if config_loo else []
         m.loo_by_path = _by_path(m.loo_cases, "leave-one-out")
         m.loo_overall = _stats(m.loo_cases, "leave-one-out", "all paths")
         m.extrap_cases = extrapolation_holdout(points, rates)

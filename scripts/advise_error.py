@@ -1,0 +1,53 @@
+"""advise's model error, measured on stored runs (CPU only): the tables docs/advise.md quotes.
+
+Prints markdown:
+
+* the held-out-shape error (each table size x row bytes x heads left out in turn, every path and
+  the compute refitted on the other shapes; then with the shape's ceilings left out too), the
+  extrapolation error (each path's largest token count held out) and the leave-one-out error by
+  configuration (``--no-loo`` skips it), per timer and per held-out shape
+  (:func:`ple_bench.advise.model.error_markdown`);
+* the changed-machine error: each changed configuration the runs hold (fewer gather threads, an SM
+  limit, the link shared with a concurrent copy) predicted from the unchanged configurations and the
+  machine description changed to match (:func:`ple_bench.advise.model.machine_holdout`).
+
+    PYTHONPATH=. python scripts/advise_error.py docs/runs/*shapes* docs/runs/*machine* > /tmp/error.md
+
+A folder without meta.json exits 2, naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ple_bench.advise.model import build_model, load_runs, machine_holdout, machine_markdown, error_markdown
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out error (the slowest)")
+    args = ap.parse_args(argv)
+    missing = [d for d in args.runs if not (Path(d) / "meta.json").exists()]
+    if missing:
+        print(f"error: not a run folder (no meta.json): {', '.join(missing)}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    records, metas = load_runs(args.runs)
+    model = build_model(records, metas, strict=True, config_loo=not args.no_loo)
+    changed = machine_holdout(model.points, model.rates)
+    print(f"## Model error over {len(args.runs)} run(s): {', '.join(Path(d).name for d in args.runs)}\n")
+    print(f"{len(model.points)} steps, {len(model.fits)} paths, "
+          f"{len({p.shape for p in model.points})} shapes (table GiB x row bytes x heads)\n")
+    print(error_markdown(model))
+    print("\n### Changed machine (each changed configuration from the unchanged ones)\n")
+    print(machine_markdown(changed) if changed else "no changed configuration in these runs")
+    print(f"\n({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
