@@ -405,14 +405,30 @@ class ComputeFit:
     n: int
     source: str
     c3: float = 0.0  # ms per row byte (>= 0; fitted where the steps hold two row sizes or more)
+    c4: float = 0.0  # ms per token (>= 0; fitted where the steps hold two head counts or more)
+    #: (tokens, compute_us) -> the mean residual of the plane's steps there: the matmul chain's own
+    #: time at a measured token count (a GEMM's time is not linear in its rows: tiles, waves)
+    offsets: dict = field(default_factory=dict)
 
 
-def _compute_plane(points: Sequence[Point]) -> tuple[float, float, float, float]:
-    """c0 + c1 compute_us + c2 rows (+ c3 rows row_bytes where the points hold 2+ row sizes)."""
+def _compute_plane(points: Sequence[Point]) -> tuple[float, float, float, float, float, dict]:
+    """c0 + c1 compute_us + c2 rows (+ c3 rows row_bytes where the points hold 2+ row sizes)
+    (+ c4 tokens where they hold 2+ head counts), then each measured (tokens, compute_us)'s mean
+    residual."""
     by_bytes = len({p.row_bytes for p in points}) >= 2
-    X = [[1.0, p.compute_us, p.rows] + ([p.rows * p.row_bytes] if by_bytes else []) for p in points]
+    by_tokens = len({p.heads for p in points}) >= 2
+    # one compute length: no slope on it is measured (0: the prediction says it is outside)
+    us = [p.compute_us if len({q.compute_us for q in points}) >= 2 else 0.0 for p in points]
+    X = [[1.0, u, p.rows] + ([p.rows * p.row_bytes] if by_bytes else [])
+         + ([float(p.tokens)] if by_tokens else []) for p, u in zip(points, us)]
     c = bounded_fit(X, [p.compute_ms for p in points], free=(0,))
-    return c[0], c[1], c[2], (c[3] if by_bytes else 0.0)
+    c3 = c[3] if by_bytes else 0.0
+    c4 = c[-1] if by_tokens else 0.0
+    res: dict[tuple, list[float]] = {}
+    for p, x in zip(points, X):
+        res.setdefault((p.tokens, p.compute_us), []).append(p.compute_ms - float(np.dot(c, x)))
+    offsets = {k: statistics.fmean(v) for k, v in res.items()} if len(res) > 1 else {}
+    return c[0], c[1], c[2], c3, c4, offsets
 
 
 def compute_fit(points: Sequence[Point], key: PathKey) -> ComputeFit | None:
@@ -430,11 +446,13 @@ def compute_fit(points: Sequence[Point], key: PathKey) -> ComputeFit | None:
                == (key.timer, key.graph, key.ids_on)),
               ("timer, graph", lambda p: (p.key.timer, p.key.graph) == (key.timer, key.graph)),
               ("timer", lambda p: p.key.timer == key.timer))
-    for name, same in levels:
-        ps = [p for p in points if same(p)]
-        if len(ps) >= 4 and len({p.compute_us for p in ps}) >= 2:
-            c0, c1, c2, c3 = _compute_plane(ps)
-            return ComputeFit(c0, c1, c2, len(ps), f"pooled over {len(ps)} steps of the same {name}", c3)
+    for need in (2, 1):  # a level with two compute lengths or more first, else one
+        for name, same in levels:
+            ps = [p for p in points if same(p)]
+            if len(ps) >= 4 and len({p.compute_us for p in ps}) >= need:
+                c0, c1, c2, c3, c4, offsets = _compute_plane(ps)
+                return ComputeFit(c0, c1, c2, len(ps), f"pooled over {len(ps)} steps of the same {name}", c3, c4,
+                                  offsets)
     return None
 
 
@@ -473,6 +491,8 @@ class PathFit:
     kind: str = ""  # lookup_kind ("" = from resident / host_gather)
     eff: tuple[float, ...] = ()  # the efficiency of each rate term (RATE_TERMS[kind])
     c3: float = 0.0  # compute_ms per row byte
+    c4: float = 0.0  # compute_ms per token
+    offsets: dict = field(default_factory=dict)  # ComputeFit.offsets
     row_sizes: tuple[int, ...] = ()  # the row sizes the path measured
     #: shapes (table GiB, row bytes, heads) the path measured
     shapes: tuple[tuple, ...] = ()
@@ -500,11 +520,12 @@ def fit_path(points: Sequence[Point], rates: Rates, compute: ComputeFit | None) 
     p0 = points[0]
     key = p0.key
     cu = [p.compute_us for p in points]
-    c3 = 0.0
+    c3, c4, offsets = 0.0, 0.0, {}
     if compute is not None:
         c0, c1, c2, c3, csrc = compute.c0, compute.c1, compute.c2, compute.c3, compute.source
-    elif len(set(cu)) >= 2 and len({p.rows for p in points}) >= 2:  # not pooled: this path's own plane
-        c0, c1, c2, c3 = _compute_plane(points)
+        c4, offsets = compute.c4, compute.offsets
+    elif len(points) >= 4 and len({p.rows for p in points}) >= 2:  # not pooled: this path's own plane
+        c0, c1, c2, c3, c4, offsets = _compute_plane(points)
         csrc = f"the path's own {len(points)} steps"
     else:  # its own line (one row count or one compute length)
         (c0, c1), c2 = _line(cu, [p.compute_ms for p in points], intercept_free=True), 0.0
@@ -526,18 +547,21 @@ def fit_path(points: Sequence[Point], rates: Rates, compute: ComputeFit | None) 
                   (min(p.rows for p in points), max(p.rows for p in points)), (min(cu), max(cu)),
                   p0.resident, p0.host_gather, bool(key[2]), p0.row_bytes,
                   tuple(sorted((p.rows, p.table_bytes, p.lookup_ms, p.row_bytes) for p in points)), csrc,
-                  kind=kind, eff=eff, c3=c3, row_sizes=tuple(sorted({p.row_bytes for p in points})),
+                  kind=kind, eff=eff, c3=c3, c4=c4, offsets=offsets, row_sizes=tuple(sorted({p.row_bytes for p in points})),
                   shapes=tuple(sorted({p.shape for p in points})))
     resid = [p.step_ms - p.compute_ms - _base_exposed(fit, fit.lookup_ms(rates, rows=p.rows, table_bytes=p.table_bytes,
                                                                          row_bytes=p.row_bytes),
-                                                      max(0.0, _compute(fit, p.compute_us, p.rows, p.row_bytes)))
+                                                      max(0.0, _compute(fit, p.compute_us, p.rows, p.row_bytes,
+                                                                        p.tokens)))
              for p in points]
     fit.e0, fit.e1 = _line([p.rows for p in points], resid, intercept_free=True)
     return fit
 
 
-def _compute(fit: PathFit, compute_us: float, rows: int, row_bytes: int) -> float:
-    return fit.c0 + fit.c1 * compute_us + fit.c2 * rows + fit.c3 * rows * row_bytes
+def _compute(fit: PathFit, compute_us: float, rows: int, row_bytes: int, tokens: int | None = None) -> float:
+    """The fitted compute; at a measured (tokens, compute_us) plus its measured offset."""
+    base = fit.c0 + fit.c1 * compute_us + fit.c2 * rows + fit.c3 * rows * row_bytes + fit.c4 * (tokens or 0)
+    return base + fit.offsets.get((tokens, compute_us), 0.0)
 
 
 def _base_exposed(fit: PathFit, lookup_ms: float, compute_ms: float) -> float:
@@ -611,7 +635,7 @@ def physical_floor(fit: PathFit, rates: Rates, rows: int, host_cores: int | None
 def predict(fit: PathFit, rates: Rates, *, rows: int, table_bytes: int, compute_us: float, etp: int = 1,
             nodes: int = 1, link_gbps: float | None = None, link_latency_us: float = 0.0,
             host_cores: int | None = None, row_bytes: int | None = None,
-            machine: Machine | None = None) -> Prediction:
+            machine: Machine | None = None, tokens: int | None = None) -> Prediction:
     """The step of ``fit``'s path at ``rows`` rows of ``row_bytes`` (default the path's first
     measured row size) from a ``table_bytes`` table, ``compute_us`` of compute, an ETP group,
     ``host_cores`` gather threads, on ``machine`` (default the measured one)."""
@@ -653,7 +677,7 @@ def predict(fit: PathFit, rates: Rates, *, rows: int, table_bytes: int, compute_
         floors.append(f"lookup at its physical floor ({rows} rows x {rb} B over the {phys_what})"
                       if phys >= seen_floor else
                       f"lookup at the smallest it measured at <= {rows} rows ({seen_floor:.3f} ms)")
-    compute = _compute(fit, compute_us, rows, rb)
+    compute = _compute(fit, compute_us, rows, rb, tokens)
     if compute < 0:
         floors.append("compute at 0")
         compute = 0.0
@@ -790,7 +814,7 @@ def _case(p: Point, pred: Prediction) -> LooCase:
 def _predict_point(f: PathFit, rates: Rates, p: Point, machine: Machine | None = None,
                    host_cores: int | None = None) -> Prediction:
     return predict(f, rates, rows=p.rows, table_bytes=p.table_bytes, compute_us=p.compute_us, row_bytes=p.row_bytes,
-                   machine=machine, host_cores=host_cores)
+                   machine=machine, host_cores=host_cores, tokens=p.tokens)
 
 
 def leave_one_out(points: Sequence[Point], rates: Rates) -> list[LooCase]:
@@ -815,18 +839,23 @@ def leave_one_out(points: Sequence[Point], rates: Rates) -> list[LooCase]:
 
 
 def extrapolation_holdout(points: Sequence[Point], rates: Rates) -> list[LooCase]:
-    """Leave out each path's largest measured row count (every table, shape and compute at it):
-    refit the path on its smaller row counts and the compute on every step of fewer rows (no step
-    at or past the held-out rows informs the fit), and predict the held-out steps.  Paths measured
-    at one row count are left out."""
+    """Leave out each path's largest measured token count at each shape (table x row bytes x heads;
+    every compute at it): refit the path on its smaller token counts and the compute on every step
+    of a smaller token count than its path's largest at its shape (no held-out step informs the
+    fit), and predict the held-out steps -- 2x past the largest fitted where the suite doubles its
+    token counts.  Paths measured at one token count are left out."""
+    top: dict[tuple, int] = {}
+    for p in points:
+        top[(p.key, p.shape)] = max(top.get((p.key, p.shape), 0), p.tokens)
+    held = {id(p) for p in points if p.tokens == top[(p.key, p.shape)]}
+    rest_all = [p for p in points if id(p) not in held]
     out = []
     for k, ps in _groups(points).items():
-        top = max(p.rows for p in ps)
-        rest = [p for p in ps if p.rows < top]
+        rest = [p for p in ps if id(p) not in held]
         if not rest:
             continue
-        f = fit_path(rest, rates, compute_fit([p for p in points if p.rows < top], k))
-        out += [_case(h, _predict_point(f, rates, h)) for h in ps if h.rows == top]
+        f = fit_path(rest, rates, compute_fit(rest_all, k))
+        out += [_case(h, _predict_point(f, rates, h)) for h in ps if id(h) in held]
     return out
 
 

@@ -139,7 +139,7 @@ def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compu
         else:
             pr = predict(f, model.rates, rows=rows, table_bytes=table_bytes, compute_us=compute_us, etp=w.etp,
                          nodes=w.nodes, link_gbps=w.link_gbps, link_latency_us=w.link_latency_us,
-                         host_cores=w.host_cores, row_bytes=row_bytes, machine=w.machine)
+                         host_cores=w.host_cores, row_bytes=row_bytes, machine=w.machine, tokens=tokens)
             step, lookup, exposed, red, outside = pr.step_ms, pr.lookup_ms, pr.exposed_ms, pr.reduce_ms, pr.outside
             extrapolated, floors, compute, lookup_floor = pr.extrapolated, pr.floors, pr.compute_ms, pr.lookup_floor_ms
         if f.resident:
