@@ -30,16 +30,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR")
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out error (the slowest)")
+    ap.add_argument("--calibrate", nargs="+", default=[], metavar="RUN_DIR",
+                    help="other runs of the same machine whose lookups and ceilings calibrate the machine rates "
+                         "(thread fit, random-row and host-gather ceilings); their steps are not fitted")
     args = ap.parse_args(argv)
-    missing = [d for d in args.runs if not (Path(d) / "meta.json").exists()]
+    missing = [d for d in args.runs + args.calibrate if not (Path(d) / "meta.json").exists()]
     if missing:
         print(f"error: not a run folder (no meta.json): {', '.join(missing)}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     records, metas = load_runs(args.runs)
-    model = build_model(records, metas, strict=True, config_loo=not args.no_loo)
+    model = build_model(records, metas, strict=True, config_loo=not args.no_loo,
+                        calibration=load_runs(args.calibrate) if args.calibrate else ((), ()))
     changed = machine_holdout(model.points, model.rates)
-    print(f"## Model error over {len(args.runs)} run(s): {', '.join(Path(d).name for d in args.runs)}\n")
+    names = [Path(d).name for d in args.runs]
+    print(f"## Model error over {len(names)} run(s): {', '.join(names) if len(names) <= 6 else names[0] + ' ... ' + names[-1]}"
+          + (f" (rates calibrated with {len(args.calibrate)} more)" if args.calibrate else "") + "\n")
+    print(f"machine rates: {'; '.join(f'{k}: {v}' for k, v in sorted(model.rates.sources.items()))}\n")
     print(f"{len(model.points)} steps, {len(model.fits)} paths, "
           f"{len({p.shape for p in model.points})} shapes (table GiB x row bytes x heads)\n")
     print(error_markdown(model))

@@ -419,7 +419,9 @@ def _compute_plane(points: Sequence[Point]) -> tuple[float, float, float, float,
     by_tokens = len({p.heads for p in points}) >= 2
     # one compute length: no slope on it is measured (0: the prediction says it is outside)
     us = [p.compute_us if len({q.compute_us for q in points}) >= 2 else 0.0 for p in points]
-    X = [[1.0, u, p.rows] + ([p.rows * p.row_bytes] if by_bytes else [])
+    # the chain's GEMMs run over the tokens: with the heads varied, its growth is per token (the rows'
+    # term then only the bytes the PLE projection consumes); else tokens and rows are one column
+    X = [[1.0, u, 0.0 if by_tokens else p.rows] + ([p.rows * p.row_bytes] if by_bytes else [])
          + ([float(p.tokens)] if by_tokens else []) for p, u in zip(points, us)]
     c = bounded_fit(X, [p.compute_ms for p in points], free=(0,))
     c3 = c[3] if by_bytes else 0.0
@@ -944,12 +946,17 @@ def _by_path(cases: Sequence[LooCase], what: str) -> dict[str, ErrorStats]:
 
 
 def build_model(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]], *, loo: bool = True,
-                strict: bool = False, config_loo: bool = True) -> Model:
+                strict: bool = False, config_loo: bool = True,
+                calibration: tuple[Sequence[dict[str, Any]], Sequence[dict[str, Any]]] = ((), ())) -> Model:
     """Calibrate and fit on ``records`` (each with ``_run_id``), every row shape together.
     ``loo``: measure the held-out-shape, the extrapolation and the leave-one-out errors too;
     ``strict``: and the held-out-shape error with the shape's ceilings left out; ``config_loo``:
-    the leave-one-out by configuration too (the slowest)."""
-    rates = calibrate(records, metas)
+    the leave-one-out by configuration too (the slowest); ``calibration``: (records, metas) of other
+    runs on the same machine whose lookups and ceilings calibrate the machine rates (the thread fit,
+    the random-row and host-gather ceilings) but whose steps are not fitted."""
+    extra_records = [r for r in calibration[0] if r.get("kind") != "step"]
+    metas = list(metas) + list(calibration[1])
+    rates = calibrate(list(records) + extra_records, metas)
     points = step_points(records)
     m = Model(rates, fit(points, rates), points)
     if loo:
