@@ -31,10 +31,11 @@ def device_row_s(table, row_bytes):
     return max(0.6e-9, max(row_bytes, 64) / 3000e9)
 
 
-def law(impl, prefetch, rows, table, compute_us, row_bytes=160):
-    """A known step law: compute (with a per-row-byte consumer), lookup = fixed + per-row work +
+def law(impl, prefetch, rows, table, compute_us, row_bytes=160, heads=16):
+    """A known step law: compute (per token, and per byte the rows' consumer reads), lookup = fixed + per-row work +
     an efficiency x rows at the ceiling's rate, exposed = what the compute does not hide."""
-    compute = 0.02 + 0.001 * compute_us + 2e-6 * rows + 1e-9 * rows * row_bytes
+    tokens = rows // heads
+    compute = 0.02 + 0.001 * compute_us + 3e-5 * tokens + 1e-9 * rows * row_bytes
     if impl == "device":
         lookup = 0.005 + 0.5e-6 * rows + 1.0 * rows * device_row_s(table, row_bytes) * 1e3
     else:
@@ -69,7 +70,7 @@ def synthetic(tables=(8 * GIB, 32 * GIB), tokens=(64, 128, 256, 512), computes=(
         for table, rb, heads in shapes:
             for t in tokens:
                 for cu in computes:
-                    c, lk, st = law(impl, pf, t * heads, table, cu, rb)
+                    c, lk, st = law(impl, pf, t * heads, table, cu, rb, heads)
                     recs.append({"case_id": f"step.{impl}.{pf}.{table}.{rb}.{heads}.{t}.{cu}", "status": "ok",
                                  "kind": "step", "mode": "gpu", "world_size": 1, "impl": impl,
                                  "kernel": "triton_reference", "prefetch": pf, "ids_on": "device",
@@ -85,12 +86,13 @@ def test_a_known_law_over_five_shapes_is_recovered_and_predicts_a_held_out_shape
     fit = next(f for k, f in m.fits.items() if k[0] == "pinned_uva" and k[2])
     assert fit.eff[0] == pytest.approx(1.3, rel=1e-3) and fit.l0 == pytest.approx(0.01, rel=1e-3)
     assert fit.l1 == pytest.approx(1e-6, rel=1e-2) and fit.c3 == pytest.approx(1e-9, rel=1e-2)
+    assert fit.c4 == pytest.approx(3e-5, rel=1e-2) and fit.c2 == pytest.approx(0.0, abs=1e-12)
     # every shape left out in turn, everything refitted on the other four: each step within 1 %
     assert m.shape_overall.n == 3 * 5 * 4 * 2 and m.shape_overall.worst_pct < 1.0
     # a shape no run holds (another table, row size and head count) is predicted on the law
-    pr = predict(fit, m.rates, rows=384 * 12, table_bytes=24 * GIB, compute_us=175.0, row_bytes=384)
+    pr = predict(fit, m.rates, rows=384 * 12, table_bytes=24 * GIB, compute_us=175.0, row_bytes=384, tokens=384)
     assert any("384 B rows" in o for o in pr.outside)
-    assert pr.step_ms == pytest.approx(law("pinned_uva", True, 384 * 12, 24 * GIB, 175.0, 384)[2], rel=0.01)
+    assert pr.step_ms == pytest.approx(law("pinned_uva", True, 384 * 12, 24 * GIB, 175.0, 384, 12)[2], rel=0.01)
 
 
 def test_the_strict_shape_hold_out_interpolates_the_held_out_ceilings_and_is_worse():
