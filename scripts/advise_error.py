@@ -2,7 +2,7 @@
 
 Prints markdown:
 
-* the held-out-shape error (each table size x row bytes x heads left out in turn, every path and
+* over the unchanged machine's steps: the held-out-shape error (each table size x row bytes x heads left out in turn, every path and
   the compute refitted on the other shapes; then with the shape's ceilings left out too), the
   extrapolation error (each path's largest token count held out) and the leave-one-out error by
   configuration (``--no-loo`` skips it), per timer and per held-out shape
@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from ple_bench.advise.model import build_model, load_runs, machine_holdout, machine_markdown, error_markdown
+from ple_bench.advise.model import (build_model, changed_configuration, error_markdown, extrapolation_holdout,
+                                    leave_one_out, load_runs, machine_holdout, machine_markdown, shape_holdout)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,14 +41,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     records, metas = load_runs(args.runs)
-    model = build_model(records, metas, strict=True, config_loo=not args.no_loo,
-                        calibration=load_runs(args.calibrate) if args.calibrate else ((), ()))
-    changed = machine_holdout(model.points, model.rates)
+    calibration = load_runs(args.calibrate) if args.calibrate else ((), ())
+    model = build_model(records, metas, loo=False, calibration=calibration)
+    rates, all_metas = model.rates, list(metas) + list(calibration[1])
+    # the shape, extrapolation and leave-one-out errors are the unchanged machine's: each changed
+    # configuration (fewer threads, an SM limit, the link shared) is predicted in the machine table
+    same = [p for p in model.points if changed_configuration(p, rates) is None]
+    model.shape_cases = shape_holdout(same, rates)
+    model.strict_cases = shape_holdout(same, rates, metas=all_metas, strict=True)
+    model.extrap_cases = extrapolation_holdout(same, rates)
+    model.loo_cases = [] if args.no_loo else leave_one_out(same, rates)
+    changed = machine_holdout(model.points, rates)
     names = [Path(d).name for d in args.runs]
     print(f"## Model error over {len(names)} run(s): {', '.join(names) if len(names) <= 6 else names[0] + ' ... ' + names[-1]}"
           + (f" (rates calibrated with {len(args.calibrate)} more)" if args.calibrate else "") + "\n")
     print(f"machine rates: {'; '.join(f'{k}: {v}' for k, v in sorted(model.rates.sources.items()))}\n")
-    print(f"{len(model.points)} steps, {len(model.fits)} paths, "
+    print(f"{len(same)} steps of the unchanged machine ({len(model.points) - len(same)} changed), "
+          f"{len(model.fits)} paths, "
           f"{len({p.shape for p in model.points})} shapes (table GiB x row bytes x heads)\n")
     print(error_markdown(model))
     print("\n### Changed machine (each changed configuration from the unchanged ones)\n")
