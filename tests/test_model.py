@@ -87,12 +87,28 @@ def test_a_known_law_over_five_shapes_is_recovered_and_predicts_a_held_out_shape
     assert fit.eff[0] == pytest.approx(1.3, rel=1e-3) and fit.l0 == pytest.approx(0.01, rel=1e-3)
     assert fit.l1 == pytest.approx(1e-6, rel=1e-2) and fit.c3 == pytest.approx(1e-9, rel=1e-2)
     assert fit.c4 == pytest.approx(3e-5, rel=1e-2) and fit.c2 == pytest.approx(0.0, abs=1e-12)
+    assert fit.hides  # the law's prefetch hides its lookup behind the compute
     # every shape left out in turn, everything refitted on the other four: each step within 1 %
     assert m.shape_overall.n == 3 * 5 * 4 * 2 and m.shape_overall.worst_pct < 1.0
     # a shape no run holds (another table, row size and head count) is predicted on the law
     pr = predict(fit, m.rates, rows=384 * 12, table_bytes=24 * GIB, compute_us=175.0, row_bytes=384, tokens=384)
     assert any("384 B rows" in o for o in pr.outside)
     assert pr.step_ms == pytest.approx(law("pinned_uva", True, 384 * 12, 24 * GIB, 175.0, 384, 12)[2], rel=0.01)
+
+
+def test_a_prefetch_whose_steps_do_not_hide_is_fitted_serial():
+    """A prefetched path whose steps are compute + lookup (its side-stream kernel competing for the
+    SMs, as the UVA kernel's on the H200): the serial form fits its residual better, so the model
+    charges the whole lookup, and a held-out shape is still predicted on the law."""
+    recs = synthetic(shapes=SHAPES)
+    for r in recs:
+        if r["impl"] == "pinned_uva" and r["prefetch"]:
+            r["step_ms"] = r["compute_ms"] + r["lookup_ms"] + 0.003
+    m = build_model(recs, [law_meta()])
+    fit = next(f for k, f in m.fits.items() if k[0] == "pinned_uva" and k[2])
+    assert not fit.hides
+    serial = [c for c in m.shape_cases if "prefetch on" in c.path]
+    assert serial and max(c.rel_err for c in serial) < 0.01
 
 
 def test_the_strict_shape_hold_out_interpolates_the_held_out_ceilings_and_is_worse():

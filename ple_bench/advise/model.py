@@ -493,6 +493,8 @@ class PathFit:
     kind: str = ""  # lookup_kind ("" = from resident / host_gather)
     eff: tuple[float, ...] = ()  # the efficiency of each rate term (RATE_TERMS[kind])
     c3: float = 0.0  # compute_ms per row byte
+    #: a prefetch that hides its lookup behind the compute (False: its steps fit a serial lookup better)
+    hides: bool = True
     c4: float = 0.0  # compute_ms per token
     offsets: dict = field(default_factory=dict)  # ComputeFit.offsets
     row_sizes: tuple[int, ...] = ()  # the row sizes the path measured
@@ -551,12 +553,24 @@ def fit_path(points: Sequence[Point], rates: Rates, compute: ComputeFit | None) 
                   tuple(sorted((p.rows, p.table_bytes, p.lookup_ms, p.row_bytes) for p in points)), csrc,
                   kind=kind, eff=eff, c3=c3, c4=c4, offsets=offsets, row_sizes=tuple(sorted({p.row_bytes for p in points})),
                   shapes=tuple(sorted({p.shape for p in points})))
-    resid = [p.step_ms - p.compute_ms - _base_exposed(fit, fit.lookup_ms(rates, rows=p.rows, table_bytes=p.table_bytes,
-                                                                         row_bytes=p.row_bytes),
-                                                      max(0.0, _compute(fit, p.compute_us, p.rows, p.row_bytes,
-                                                                        p.tokens)))
-             for p in points]
-    fit.e0, fit.e1 = _line([p.rows for p in points], resid, intercept_free=True)
+    looks = [fit.lookup_ms(rates, rows=p.rows, table_bytes=p.table_bytes, row_bytes=p.row_bytes) for p in points]
+    computes = [max(0.0, _compute(fit, p.compute_us, p.rows, p.row_bytes, p.tokens)) for p in points]
+
+    def residual_fit() -> tuple[float, float, float]:
+        resid = [p.step_ms - p.compute_ms - _base_exposed(fit, lk, c) for p, lk, c in zip(points, looks, computes)]
+        e0, e1 = _line([p.rows for p in points], resid, intercept_free=True)
+        return e0, e1, float(np.mean([(r - e0 - e1 * p.rows) ** 2 for p, r in zip(points, resid)]))
+
+    fit.e0, fit.e1, err = residual_fit()
+    if fit.prefetch and len(points) >= 3:
+        # a prefetch that does not hide (its side-stream kernel competing with the compute for SMs)
+        # is a serial lookup: where the path's own steps say so (a smaller residual), it is one
+        fit.hides = False
+        e0, e1, serial_err = residual_fit()
+        if serial_err < err:
+            fit.e0, fit.e1 = e0, e1
+        else:
+            fit.hides = True
     return fit
 
 
@@ -567,7 +581,7 @@ def _compute(fit: PathFit, compute_us: float, rows: int, row_bytes: int, tokens:
 
 
 def _base_exposed(fit: PathFit, lookup_ms: float, compute_ms: float) -> float:
-    return max(0.0, lookup_ms - compute_ms) if fit.prefetch else lookup_ms
+    return max(0.0, lookup_ms - compute_ms) if fit.prefetch and fit.hides else lookup_ms
 
 
 @dataclass
