@@ -96,6 +96,22 @@ def test_a_known_law_over_five_shapes_is_recovered_and_predicts_a_held_out_shape
     assert pr.step_ms == pytest.approx(law("pinned_uva", True, 384 * 12, 24 * GIB, 175.0, 384, 12)[2], rel=0.01)
 
 
+def test_the_compute_at_a_measured_token_count_is_its_own():
+    """A matmul chain whose time is not linear in its tokens (256 tokens faster than 128, as the
+    H200's GEMM tiles ran): every shape holds the same token counts, so a held-out shape's compute
+    is the others' at that count, not the line's."""
+    recs = synthetic(shapes=SHAPES)
+    bump = {64: 0.0, 128: 0.03, 256: -0.02, 512: 0.01}
+    for r in recs:
+        c = r["compute_ms"] = r["compute_ms"] + bump[r["num_tokens"]]
+        lookup = r["lookup_ms"]
+        r["step_ms"] = c + (max(0.0, lookup - c) if r["prefetch"] else lookup) + 0.003
+    m = build_model(recs, [law_meta()])
+    assert m.shape_overall.n and m.shape_overall.worst_pct < 1.0
+    fit = next(f for k, f in m.fits.items() if k[0] == "device")
+    assert fit.offsets[(256, 50.0)] < 0 < fit.offsets[(128, 50.0)]
+
+
 def test_a_prefetch_whose_steps_do_not_hide_is_fitted_serial():
     """A prefetched path whose steps are compute + lookup (its side-stream kernel competing for the
     SMs, as the UVA kernel's on the H200): the serial form fits its residual better, so the model
