@@ -24,18 +24,22 @@ import time
 from pathlib import Path
 
 from ple_bench.advise.model import (build_model, changed_configuration, error_markdown, extrapolation_holdout,
-                                    leave_one_out, load_runs, machine_holdout, machine_markdown, shape_holdout)
+                                    heldout_runs, leave_one_out, load_runs, machine_holdout, machine_markdown,
+                                    shape_holdout, step_points, _cells)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="RUN_DIR")
     ap.add_argument("--no-loo", action="store_true", help="skip the leave-one-out error (the slowest)")
+    ap.add_argument("--predict", nargs="+", default=[], metavar="RUN_DIR",
+                    help="runs of new shapes, measured after: each of their steps predicted from the model of "
+                         "RUN_DIR (they are not fitted), the error per shape and timer")
     ap.add_argument("--calibrate", nargs="+", default=[], metavar="RUN_DIR",
                     help="other runs of the same machine whose lookups and ceilings calibrate the machine rates "
                          "(thread fit, random-row and host-gather ceilings); their steps are not fitted")
     args = ap.parse_args(argv)
-    missing = [d for d in args.runs + args.calibrate if not (Path(d) / "meta.json").exists()]
+    missing = [d for d in args.runs + args.calibrate + args.predict if not (Path(d) / "meta.json").exists()]
     if missing:
         print(f"error: not a run folder (no meta.json): {', '.join(missing)}", file=sys.stderr)
         return 2
@@ -62,6 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     print(error_markdown(model))
     print("\n### Changed machine (each changed configuration from the unchanged ones)\n")
     print(machine_markdown(changed) if changed else "no changed configuration in these runs")
+    if args.predict:
+        new = [p for p in step_points(load_runs(args.predict)[0]) if changed_configuration(p, rates) is None]
+        cases = heldout_runs(same, rates, new)
+        print(f"\n### New runs predicted ({', '.join(Path(d).name for d in args.predict)}: not fitted)\n")
+        print("| shape | timer | steps | median | worst |\n| --- | --- | --- | --- | --- |")
+        for shape in sorted({c.shape for c in cases}):
+            for timer in sorted({c.timer for c in cases if c.shape == shape}):
+                print(f"| {shape} | {timer} | {_cells([c for c in cases if (c.shape, c.timer) == (shape, timer)])} |")
+        print(f"| **all** | | {_cells(cases)} |")
     print(f"\n({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
 

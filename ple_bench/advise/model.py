@@ -577,7 +577,27 @@ def fit_path(points: Sequence[Point], rates: Rates, compute: ComputeFit | None) 
 def _compute(fit: PathFit, compute_us: float, rows: int, row_bytes: int, tokens: int | None = None) -> float:
     """The fitted compute; at a measured (tokens, compute_us) plus its measured offset."""
     base = fit.c0 + fit.c1 * compute_us + fit.c2 * rows + fit.c3 * rows * row_bytes + fit.c4 * (tokens or 0)
-    return base + fit.offsets.get((tokens, compute_us), 0.0)
+    return base + compute_offset(fit.offsets, tokens, compute_us)
+
+
+#: past the measured token counts: "hold" the nearest count's offset, or "zero" (the plane alone)
+OFFSET_EDGE = "zero"
+
+
+def compute_offset(offsets: dict, tokens: int | None, compute_us: float) -> float:
+    """The compute's measured offset at ``tokens`` (:attr:`ComputeFit.offsets`): its own where
+    measured, linearly interpolated between the measured token counts of that compute length (no
+    jump at a count nobody measured), past them the nearest one's."""
+    if tokens is None:
+        return 0.0
+    if (tokens, compute_us) in offsets:
+        return offsets[(tokens, compute_us)]
+    pts = sorted((t, v) for (t, cu), v in offsets.items() if cu == compute_us)
+    if not pts:
+        return 0.0
+    if not pts[0][0] <= tokens <= pts[-1][0] and OFFSET_EDGE == "zero":
+        return 0.0
+    return float(np.interp(tokens, [t for t, _ in pts], [v for _, v in pts]))
 
 
 def _base_exposed(fit: PathFit, lookup_ms: float, compute_ms: float) -> float:
@@ -940,6 +960,13 @@ def machine_holdout(points: Sequence[Point], rates: Rates) -> list[LooCase]:
         case.shape = what
         out.append(case)
     return out
+
+
+def heldout_runs(points: Sequence[Point], rates: Rates, new: Sequence[Point]) -> list[LooCase]:
+    """The steps ``new`` (other runs: a shape measured after the model was fitted) predicted from a
+    model fitted on ``points`` alone -- the paths both hold; ``LooCase.shape`` is the new step's."""
+    fits = fit(points, rates)
+    return [_case(p, _predict_point(fits[p.key], rates, p)) for p in new if p.key in fits]
 
 
 def machine_markdown(cases: Sequence[LooCase]) -> str:
