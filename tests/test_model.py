@@ -538,3 +538,23 @@ def test_a_breakable_resident_steps_full_graph_is_the_hbm_row_as_in_the_record()
     assert full.case_id.endswith("#full") and full.step_ms == pytest.approx(hbm[("breakable", "cuda_event")].step_ms - 0.03)
     pinned = [o for o in opts if o.placement != "HBM" and o.timer == "cuda_event"]
     assert pinned and all(o.baseline == full.path_id and o.baseline_step_ms == full.step_ms for o in pinned)
+
+
+def test_a_new_runs_steps_are_predicted_by_a_model_that_never_saw_them():
+    from ple_bench.advise.model import calibrate, heldout_runs, step_points
+
+    recs = synthetic(shapes=SHAPES)
+    new = [r for r in recs if r["row_bytes"] == 640]  # the 48 GiB x 640 B x 16 heads shape, measured later
+    rates = calibrate(recs, [law_meta()])
+    cases = heldout_runs(step_points([r for r in recs if r["row_bytes"] != 640]), rates, step_points(new))
+    assert len(cases) == len(new) and max(c.rel_err for c in cases) < 0.01
+    assert {c.shape for c in cases} == {"48 GiB x 640 B x 16 heads"}
+
+
+def test_the_compute_offset_is_interpolated_between_measured_token_counts_and_none_past_them():
+    from ple_bench.advise.model import compute_offset
+
+    offsets = {(128, 175.0): 0.03, (256, 175.0): -0.02, (128, 50.0): 0.5}
+    assert compute_offset(offsets, 128, 175.0) == 0.03 and compute_offset(offsets, 192, 175.0) == pytest.approx(0.005)
+    assert compute_offset(offsets, 1024, 175.0) == 0.0 and compute_offset(offsets, 64, 175.0) == 0.0
+    assert compute_offset(offsets, 192, 100.0) == 0.0 and compute_offset(offsets, None, 175.0) == 0.0
