@@ -12,10 +12,13 @@ path, prefetch on / off, ids on the host / the device, eager or breakable graph 
 with its overhead over the like-for-like resident step (``offload_overhead``, as recorded), and
 recommends the fastest that fits the memory budgets.
 
-Every number it prints is **measured** (it names the run and the measured table size, compute and
-token count it comes from); it predicts nothing: where the asked shape was not measured it says how
-far the nearest measurement is.  A what-if model for tables, ETP groups or hosts beyond the runs is
-not built yet.  ``--json`` prints the same as one JSON object.  Impossible inputs (no token count,
+Every number of that ranking is **measured** (it names the run and the measured table size, compute
+and token count it comes from): where the asked shape was not measured it says how far the nearest
+measurement is.  Beside it the what-if model (:mod:`ple_bench.advise.what_if`, :mod:`.model`) ranks
+every path at exactly the asked shape, table, ETP group, host cores and machine (``--machine FILE``
+and the machine flags, :mod:`.machine`), each number marked measured or predicted; a row shape no
+run measured is answered by the model alone (every row predicted, with its held-out-shape error),
+never refused.  ``--json`` prints the same as one JSON object.  Impossible inputs (no token count,
 a table larger than every budget, no run) exit 2 with the reason.
 """
 
