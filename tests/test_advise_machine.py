@@ -59,6 +59,11 @@ def test_the_machine_is_measured_by_default_and_given_figures_say_so(law_run, tm
     assert (m["h2d_gbps"], m["hbm_read_gbps"], m["sms"]) == (375.0, 4000.0, 66)
     assert m["sources"]["h2d_gbps"] == f"given: --machine {toml}" and m["sources"]["sms"] == "given: --sms"
     assert m["sources"]["hbm_bytes"].startswith("measured")
+    # a given GPU smaller than the table: the resident rows do not fit (the model's answer says so)
+    small = json.loads(run_cli(*ASK, "--runs", law_run, "--gpu-hbm-bytes", "16GiB", "--json").stdout)["model"]
+    assert small["machine"]["hbm_bytes"] == 16 * GIB
+    assert all(not o["fits"] for a in small["answers"] for o in a["options"] if o["placement"] == "HBM")
+    assert all(a["choice"] == "pinned host" for a in small["answers"])
     text = run_cli(*ASK, "--runs", law_run, "--h2d-gbps", "375").stdout
     assert "machine: another than the runs measured" in text and "h2d_gbps = 375.0 GB/s (given: --h2d-gbps)" in text
 

@@ -846,8 +846,10 @@ def run_advise(args: argparse.Namespace) -> int:
             if args.etp > 1 and model.rates.reduce_busbw_gbps is None:
                 raise AdviseError("--etp: no all-reduce was measured in the runs given (add a topology run: "
                                   "python -m ple_bench run --suite topology on 2+ GPUs)")
+            # another GPU's memory bounds the resident table where no --hbm-bytes budget was given
+            gpu_hbm = target.hbm_bytes if "given" in target.sources.get("hbm_bytes", "") else None
             advice.model = model_advice(model, table_bytes=table, row_bytes=row_bytes, heads=args.heads,
-                                        tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm,
+                                        tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm or gpu_hbm,
                                         host_bytes=host, graph_modes=args.graph,
                                         compute_words=measured_ask.label if ask.kind == "decoder" else None)
             # never a predicted figure in the headline where a measured one exists: the model's verdict
