@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ple_bench.advise.model import (build_model, changed_configuration, error_markdown, extrapolation_holdout,
                                     heldout_runs, leave_one_out, load_runs, machine_holdout, machine_markdown,
-                                    shape_holdout, step_points, _cells)
+                                    shape_holdout, step_points, error_cells)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| shape | timer | steps | median | worst |\n| --- | --- | --- | --- | --- |")
         for shape in sorted({c.shape for c in cases}):
             for timer in sorted({c.timer for c in cases if c.shape == shape}):
-                print(f"| {shape} | {timer} | {_cells([c for c in cases if (c.shape, c.timer) == (shape, timer)])} |")
-        print(f"| **all** | | {_cells(cases)} |")
+                print(f"| {shape} | {timer} | {error_cells([c for c in cases if (c.shape, c.timer) == (shape, timer)])} |")
+        print(f"| **all** | | {error_cells(cases)} |")
     print(f"\n({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0
 

@@ -974,8 +974,8 @@ def machine_markdown(cases: Sequence[LooCase]) -> str:
     lines = ["| changed configuration | timer | steps | median | worst |", "| --- | --- | --- | --- | --- |"]
     for what in sorted({c.shape for c in cases}):
         for timer in sorted({c.timer for c in cases if c.shape == what}):
-            lines.append(f"| {what} | {timer} | {_cells([c for c in cases if (c.shape, c.timer) == (what, timer)])} |")
-    lines.append(f"| **all** | | {_cells(cases)} |")
+            lines.append(f"| {what} | {timer} | {error_cells([c for c in cases if (c.shape, c.timer) == (what, timer)])} |")
+    lines.append(f"| **all** | | {error_cells(cases)} |")
     return "\n".join(lines)
 
 
@@ -1015,7 +1015,8 @@ def build_model(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any
     return m
 
 
-def _cells(cases: Sequence[LooCase]) -> str:
+def error_cells(cases: Sequence[LooCase]) -> str:
+    """One markdown row's cells for ``cases``: steps | median % | worst %."""
     st = _stats(cases)
     return f"{st.n} | {st.median_pct:.1f} % | {st.worst_pct:.0f} %" if st.n else "0 | – | –"
 
@@ -1030,15 +1031,15 @@ def error_markdown(m: Model) -> str:
                         ("extrapolation (largest token count held out)", m.extrap_cases),
                         ("leave-one-out by configuration", m.loo_cases)):
         if cases or "strict" not in name:
-            lines.append(f"| {name} | {_cells(cases)} |")
+            lines.append(f"| {name} | {error_cells(cases)} |")
     lines += ["", "| held-out shape / timer | shape n | median | worst | extrapolation n | median | worst |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for timer in sorted({c.timer for c in m.shape_cases + m.extrap_cases}):
-        lines.append(f"| timer {timer or '?'} | {_cells([c for c in m.shape_cases if c.timer == timer])} | "
-                     f"{_cells([c for c in m.extrap_cases if c.timer == timer])} |")
+        lines.append(f"| timer {timer or '?'} | {error_cells([c for c in m.shape_cases if c.timer == timer])} | "
+                     f"{error_cells([c for c in m.extrap_cases if c.timer == timer])} |")
     for shape in sorted({c.shape for c in m.shape_cases}):
-        lines.append(f"| {shape} | {_cells([c for c in m.shape_cases if c.shape == shape])} | "
-                     f"{_cells([c for c in m.extrap_cases if c.shape == shape])} |")
+        lines.append(f"| {shape} | {error_cells([c for c in m.shape_cases if c.shape == shape])} | "
+                     f"{error_cells([c for c in m.extrap_cases if c.shape == shape])} |")
     return "\n".join(lines)
 
 
