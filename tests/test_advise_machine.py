@@ -151,3 +151,24 @@ def test_measured_machine_reads_meta_and_names_its_sources():
     assert m.h2d_gbps == 55.0 and m.sms == 99 and m.hbm_read_gbps == 4400.0
     assert all(m.sources[k].startswith("measured: median") for k in ("h2d_gbps", "sms", "hbm_bytes"))
     assert Machine().factors(None) == {"pinned": 1.0, "device": 1.0, "copy": 1.0, "gather": 1.0}
+
+
+def _error_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "advise_error.py"
+    spec = importlib.util.spec_from_file_location("advise_error", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_error_script_prints_the_tables_and_exits_2_on_a_folder_without_meta(law_run, tmp_path, capsys):
+    script = _error_script()
+    assert script.main([law_run, "--no-loo", "--predict", law_run]) == 0
+    out = capsys.readouterr().out
+    assert "| **held-out shape** (ceilings of the run kept) | 90 | 0.0 % | 0 % |" in out
+    assert "no changed configuration in these runs" in out and "### New runs predicted" in out
+    assert script.main([law_run, "--calibrate", str(tmp_path)]) == 2
+    assert f"no meta.json): {tmp_path}" in capsys.readouterr().err
