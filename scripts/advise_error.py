@@ -2,16 +2,20 @@
 
 Prints markdown:
 
-* over the unchanged machine's steps: the held-out-shape error (each table size x row bytes x heads left out in turn, every path and
-  the compute refitted on the other shapes; then with the shape's ceilings left out too), the
-  extrapolation error (each path's largest token count held out) and the leave-one-out error by
-  configuration (``--no-loo`` skips it), per timer and per held-out shape
-  (:func:`ple_bench.advise.model.error_markdown`);
+* over the unchanged machine's steps: the held-out-shape error (each table size x row bytes x heads
+  left out in turn, every path and the compute refitted on the other shapes; then with the shape's
+  ceilings left out too), the extrapolation error (each path's largest token count held out) and
+  the leave-one-out error by configuration (``--no-loo`` skips it), per timer and per held-out
+  shape (:func:`ple_bench.advise.model.error_markdown`);
 * the changed-machine error: each changed configuration the runs hold (fewer gather threads, an SM
   limit, the link shared with a concurrent copy) predicted from the unchanged configurations and the
-  machine description changed to match (:func:`ple_bench.advise.model.machine_holdout`).
+  machine description changed to match (:func:`ple_bench.advise.model.machine_holdout`);
+* ``--predict RUN_DIR...``: the steps of runs measured later, predicted by the model that never saw
+  them (:func:`ple_bench.advise.model.heldout_runs`).
 
-    PYTHONPATH=. python scripts/advise_error.py docs/runs/*shapes* docs/runs/*machine* > /tmp/error.md
+    PYTHONPATH=. python scripts/advise_error.py docs/runs/*shapes* docs/runs/*machine* \
+        --calibrate $(ls -d docs/runs/2* | grep -v -e shapes -e machine -e advise) \
+        --predict docs/runs/*-advise-* > /tmp/error.md
 
 A folder without meta.json exits 2, naming it.
 """
@@ -57,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     model.loo_cases = [] if args.no_loo else leave_one_out(same, rates)
     changed = machine_holdout(model.points, rates)
     names = [Path(d).name for d in args.runs]
-    print(f"## Model error over {len(names)} run(s): {', '.join(names) if len(names) <= 6 else names[0] + ' ... ' + names[-1]}"
+    shown = ", ".join(names) if len(names) <= 6 else f"{names[0]} ... {names[-1]}"
+    print(f"## Model error over {len(names)} run(s): {shown}"
           + (f" (rates calibrated with {len(args.calibrate)} more)" if args.calibrate else "") + "\n")
     print(f"machine rates: {'; '.join(f'{k}: {v}' for k, v in sorted(model.rates.sources.items()))}\n")
     print(f"{len(same)} steps of the unchanged machine ({len(model.points) - len(same)} changed), "
@@ -73,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| shape | timer | steps | median | worst |\n| --- | --- | --- | --- | --- |")
         for shape in sorted({c.shape for c in cases}):
             for timer in sorted({c.timer for c in cases if c.shape == shape}):
-                print(f"| {shape} | {timer} | {error_cells([c for c in cases if (c.shape, c.timer) == (shape, timer)])} |")
+                mine = [c for c in cases if (c.shape, c.timer) == (shape, timer)]
+                print(f"| {shape} | {timer} | {error_cells(mine)} |")
         print(f"| **all** | | {error_cells(cases)} |")
     print(f"\n({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     return 0

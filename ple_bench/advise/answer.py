@@ -362,7 +362,8 @@ def format_model_text(m: Any) -> list[str]:
     lines = [m.verdict, "",
              "the model's ranking at exactly the asked shape: 'measured' = that case was measured (run named), "
              "'predicted' = the what-if model, with its path's held-out-shape (shape; where not measured: "
-             "leave-one-out, LOO) and extrapolation (ext) errors (median/worst); 'unchecked' = neither error of its path was measured: listed, never recommended; "
+             "leave-one-out, LOO) and extrapolation (ext) errors (median/worst); 'unchecked' = neither error of "
+             "its path was measured: listed, never recommended; "
              "'extrapolated' = past the path's measured rows; 'floor' = a floor raised it; 'vs HBM' = against the "
              "resident row named in 'HBM #' (ids on the device, the same timer and id distribution, its best graph "
              "mode)",
@@ -396,7 +397,8 @@ def format_model_text(m: Any) -> list[str]:
             else:
                 def pct(what, med, worst, own):
                     return f"{what} {med:.0f}/{worst:.0f} %" if own and med is not None else f"{what} n/a"
-                src = (f"predicted ({pct('shape' if 'shape' in o.error else 'LOO', o.error_median_pct, o.error_worst_pct, 'all paths' not in o.error)}, "
+                what = "shape" if "shape" in o.error else "LOO"
+                src = (f"predicted ({pct(what, o.error_median_pct, o.error_worst_pct, 'all paths' not in o.error)}, "
                        f"{pct('ext', o.extrap_median_pct, o.extrap_worst_pct, 'all paths' not in o.extrap_error)})")
             if o.source != "measured":
                 src += " extrapolated" if o.extrapolated else ""

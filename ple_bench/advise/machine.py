@@ -24,7 +24,7 @@ import json
 import math
 import statistics
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -135,7 +135,9 @@ def measured_machine(metas: Sequence[Mapping[str, Any]]) -> Machine:
     for c in ceil:
         best: dict[tuple, tuple[float, float]] = {}
         for v in ((c.get("host_gather") or {}).values()):
-            rows, ms = num(v.get("rows")) if isinstance(v, dict) else None, num(v.get("ms")) if isinstance(v, dict) else None
+            if not isinstance(v, dict):
+                continue
+            rows, ms = num(v.get("rows")), num(v.get("ms"))
             if rows and ms:
                 k = (v.get("table_bytes"), v.get("row_bytes"))
                 if rows > best.get(k, (0, 0))[0]:
@@ -264,10 +266,10 @@ class CeilingRates:
         cands = [(k, c) for k, c in self.random_row.items() if k[0] == memory]
         if not cands:
             return None, ""
-        def score(kc):
-            (mem, o, i, a), _ = kc
-            return ((o != order) * 4 + (o != "random" and o != order) * 8 + (i != ids) * 2 + (i != "uniform" and i != ids) * 4
-                    + (a != host_alloc) + (a != "torch" and a != host_alloc) * 2)
+        def score(kc):  # the asked order, ids, allocation first; else the plain ones (random, uniform, torch)
+            (_mem, o, i, a), _ = kc
+            return (o not in (order, "random"), o != order, i not in (ids, "uniform"), i != ids,
+                    a not in (host_alloc, "torch"), a != host_alloc)
         k, c = min(cands, key=score)
         return c, f"{k[0]} random_row ceiling ({k[1]} order, {k[2]} ids, {k[3]} alloc)"
 

@@ -551,7 +551,8 @@ def fit_path(points: Sequence[Point], rates: Rates, compute: ComputeFit | None) 
                   (min(p.rows for p in points), max(p.rows for p in points)), (min(cu), max(cu)),
                   p0.resident, p0.host_gather, bool(key[2]), p0.row_bytes,
                   tuple(sorted((p.rows, p.table_bytes, p.lookup_ms, p.row_bytes) for p in points)), csrc,
-                  kind=kind, eff=eff, c3=c3, c4=c4, offsets=offsets, row_sizes=tuple(sorted({p.row_bytes for p in points})),
+                  kind=kind, eff=eff, c3=c3, c4=c4, offsets=offsets,
+                  row_sizes=tuple(sorted({p.row_bytes for p in points})),
                   shapes=tuple(sorted({p.shape for p in points})))
     looks = [fit.lookup_ms(rates, rows=p.rows, table_bytes=p.table_bytes, row_bytes=p.row_bytes) for p in points]
     computes = [max(0.0, _compute(fit, p.compute_us, p.rows, p.row_bytes, p.tokens)) for p in points]
@@ -974,7 +975,8 @@ def machine_markdown(cases: Sequence[LooCase]) -> str:
     lines = ["| changed configuration | timer | steps | median | worst |", "| --- | --- | --- | --- | --- |"]
     for what in sorted({c.shape for c in cases}):
         for timer in sorted({c.timer for c in cases if c.shape == what}):
-            lines.append(f"| {what} | {timer} | {error_cells([c for c in cases if (c.shape, c.timer) == (what, timer)])} |")
+            mine = [c for c in cases if (c.shape, c.timer) == (what, timer)]
+            lines.append(f"| {what} | {timer} | {error_cells(mine)} |")
     lines.append(f"| **all** | | {error_cells(cases)} |")
     return "\n".join(lines)
 
