@@ -63,7 +63,7 @@ def test_the_model_calibrates_the_decoder_compute_on_decoder_steps_only(runs):
     """A decoder path's compute is fitted on decoder steps: its predicted compute at a measured shape
     is the measured one (pooled with the matmul chain's 50-200 us it would be a fraction of it)."""
     records, metas = runs
-    m = build_model(records, metas, row_bytes=160, loo=False)
+    m = build_model(records, metas, loo=False)
     kinds = {f.key.compute for f in m.fits.values()}
     assert "matmul" in kinds and "decoder:qwen3-8b:2x8192" in kinds
     checked = 0

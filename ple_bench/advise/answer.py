@@ -12,10 +12,13 @@ path, prefetch on / off, ids on the host / the device, eager or breakable graph 
 with its overhead over the like-for-like resident step (``offload_overhead``, as recorded), and
 recommends the fastest that fits the memory budgets.
 
-Every number it prints is **measured** (it names the run and the measured table size, compute and
-token count it comes from); it predicts nothing: where the asked shape was not measured it says how
-far the nearest measurement is.  A what-if model for tables, ETP groups or hosts beyond the runs is
-not built yet.  ``--json`` prints the same as one JSON object.  Impossible inputs (no token count,
+Every number of that ranking is **measured** (it names the run and the measured table size, compute
+and token count it comes from): where the asked shape was not measured it says how far the nearest
+measurement is.  Beside it the what-if model (:mod:`ple_bench.advise.what_if`, :mod:`.model`) ranks
+every path at exactly the asked shape, table, ETP group, host cores and machine (``--machine FILE``
+and the machine flags, :mod:`.machine`), each number marked measured or predicted; a row shape no
+run measured is answered by the model alone (every row predicted, with its held-out-shape error),
+never refused.  ``--json`` prints the same as one JSON object.  Impossible inputs (no token count,
 a table larger than every budget, no run) exit 2 with the reason.
 """
 
@@ -38,6 +41,7 @@ from ..report.verdict import (AS_FAST, EQUAL_PCT, FASTER, FUNCTIONAL_TEXT, NO_VE
                               compute_of, is_functional, newest_verdicts, scope)
 from ..units import DTYPE_BYTES, BadValue, parse_size
 from .html import write_advice_html
+from .machine import Machine, MachineError, read_machine_file
 from .model import build_model, load_runs
 from .serving import ServingAdviseError, ServingAsk, advise_serving, format_serving_text
 from ..serving.models import KV_DTYPES, MODELS, get_model
@@ -194,9 +198,15 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
                           f"({hbm_bytes / 2**30:.1f} GiB) nor the host budget ({host_bytes / 2**30:.1f} GiB)")
     same_shape = [r for r in records if (int(r.get("dim") or 0), str(r.get("dtype")), int(r.get("num_heads") or 0))
                   == (dim, dtype, heads) and r.get("step_ms")]
-    if not same_shape:
-        raise AdviseError(f"no measured decode step of dim {dim}, {dtype}, {heads} heads in the runs given "
-                          "(run the paths suite for this shape: python -m ple_bench run --suite paths)")
+    if not same_shape:  # nothing measured at this row shape: the model answers (predicted, marked)
+        return Advice(table_bytes, 0, compute_us, compute_us,
+                      [TokenAnswer(tokens=t, measured_tokens=0, recommendation="not measured at this row shape: "
+                                   "the model's rows (predicted) answer") for t in tokens],
+                      "No verdict from measurements: no decode step of this row shape was measured.",
+                      [f"no measured decode step of dim {dim}, {dtype}, {heads} heads in the runs given: every "
+                       "number is predicted by the model from the rows and bytes this shape moves, with its "
+                       "held-out-shape error beside it (measure it: python -m ple_bench run --suite paths)"],
+                      ids=ids or "uniform")
     notes: list[str] = []
     every = {(str(r.get("_run_id")), str(r.get("case_id"))): r for r in same_shape}  # baselines are per run
     # the one verdict (report/verdict.py), each run judged on its own records, the newest per key
@@ -351,15 +361,19 @@ def _pct_err(st: dict[str, Any], what: str) -> str:
 def format_model_text(m: Any) -> list[str]:
     lines = [m.verdict, "",
              "the model's ranking at exactly the asked shape: 'measured' = that case was measured (run named), "
-             "'predicted' = the what-if model, with its path's leave-one-out (LOO) and extrapolation (ext) errors "
-             "(median/worst); 'unchecked' = neither error of its path was measured: listed, never recommended; "
+             "'predicted' = the what-if model, with its path's held-out-shape (shape; where not measured: "
+             "leave-one-out, LOO) and extrapolation (ext) errors (median/worst); 'unchecked' = neither error of "
+             "its path was measured: listed, never recommended; "
              "'extrapolated' = past the path's measured rows; 'floor' = a floor raised it; 'vs HBM' = against the "
              "resident row named in 'HBM #' (ids on the device, the same timer and id distribution, its best graph "
              "mode)",
+             _pct_err(m.shape_overall or {}, "model error on held-out shapes (every step of one table size x row "
+                      "bytes x heads left out, everything refitted on the other shapes)"),
              _pct_err(m.loo_overall, "model error, leave-one-out by configuration group (every token count of one "
                       "path at one table and compute left out together)"),
              _pct_err(m.extrap_overall or {}, "model error extrapolating (each path's largest token count held "
                       "out)")]
+    lines += list(m.machine_lines)
     w = m.what_if
     if w["etp"] > 1 or w["host_cores"]:
         lines.append(f"what-if: ETP {w['etp']}, {w['nodes']} node(s), link {w['link_gbps'] or '-'} GB/s / "
@@ -383,7 +397,8 @@ def format_model_text(m: Any) -> list[str]:
             else:
                 def pct(what, med, worst, own):
                     return f"{what} {med:.0f}/{worst:.0f} %" if own and med is not None else f"{what} n/a"
-                src = (f"predicted ({pct('LOO', o.error_median_pct, o.error_worst_pct, 'all paths' not in o.error)}, "
+                what = "shape" if "shape" in o.error else "LOO"
+                src = (f"predicted ({pct(what, o.error_median_pct, o.error_worst_pct, 'all paths' not in o.error)}, "
                        f"{pct('ext', o.extrap_median_pct, o.extrap_worst_pct, 'all paths' not in o.extrap_error)})")
             if o.source != "measured":
                 src += " extrapolated" if o.extrapolated else ""
@@ -395,6 +410,30 @@ def format_model_text(m: Any) -> list[str]:
         lines += [f"  note {', '.join(rows)}: {n}" for n, rows in notes.items()]
     lines += ["", "what would change it:"] + [f"  - {t}" for t in m.what_would_change]
     lines += ["", "assumptions of the model:"] + [f"  - {t}" for t in m.assumptions]
+    return lines
+
+
+def format_model_short(m: Any) -> list[str]:
+    """The model's answer in short (a shape nothing measured): its errors, the machine, and per token
+    count the best row of each placement, each predicted with its path's held-out-shape error."""
+    lines = _wrap(_pct_err(m.shape_overall or {}, "model error on held-out shapes")
+                  + "; " + _pct_err(m.extrap_overall or {}, "extrapolating"))
+    lines += list(m.machine_lines)
+    for ans in m.answers:
+        lines += [""] + _wrap(f"{ans.tokens} tokens per step: {ans.recommendation}")
+        lines.append(f"    {'placement':<11} {'path':<30} {'ids on':<6} {'graph':<9} {'timer':<10} "
+                     f"{'step ms':>8} {'vs HBM':>7}  source (held-out-shape error median/worst)")
+        seen: set[tuple[str, str]] = set()
+        for o in ans.options:
+            if (o.placement, o.timer) in seen or not o.fits:
+                continue
+            seen.add((o.placement, o.timer))
+            over = "" if o.overhead_pct is None else f"{o.overhead_pct:+.0f} %"
+            src = "measured" if o.source == "measured" else (
+                f"predicted, {o.error_median_pct:.0f}/{o.error_worst_pct:.0f} %"
+                if o.error_median_pct is not None else "predicted, error not measured")
+            lines.append(f"    {o.placement[:11]:<11} {o.path[:30]:<30} {o.ids_on:<6} {o.graph:<9} {o.timer[:10]:<10} "
+                         f"{o.step_ms:8.3f} {over:>7}  {src}"[:SHORT_WIDTH])
     return lines
 
 
@@ -450,6 +489,10 @@ def format_short(a: Advice) -> str:
     if a.holds_for:
         lines += _wrap(a.holds_for) + [""]
     lines += _wrap(a.verdict)
+    if not a.measured_table_bytes and a.model is not None:  # nothing measured at this row shape
+        for n in a.notes:
+            lines += _wrap(f"note: {n}")
+        return "\n".join(lines + [""] + format_model_short(a.model))
     if a.model is not None and a.model.verdict != a.verdict and any(x.verdict == NO_VERDICT for x in a.answers):
         lines += _wrap("The what-if model (predicted; --all prints its rows and errors): " + a.model.verdict)
     compute = (f"compute {a.compute_label} (measured {a.measured_compute_label})" if a.compute_label else
@@ -480,7 +523,7 @@ def format_short(a: Advice) -> str:
             for o in rows:
                 base = "" if o.baseline_ms is None else f"{o.baseline_ms:.4f}"
                 fits = " (over budget)" if not o.fits else ""
-                lines.append(f"    {o.placement[:11]:<11} {o.path[:36]:<36} {o.ids_on:<6} {o.graph:<9} "
+                lines.append(f"    {o.placement[:11]:<11} {o.path[:30]:<30} {o.ids_on:<6} {o.graph:<9} "
                              f"{o.step_ms:8.4f} {base:>8}  {_ratio_text(o)}{fits}".rstrip()[:SHORT_WIDTH])
     return "\n".join(lines)
 
@@ -510,6 +553,15 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-gbps", type=float, help="what-if: inter-node bandwidth per GPU, GB/s")
     p.add_argument("--link-latency-us", type=float, default=0.0, help="what-if: inter-node latency, us")
     p.add_argument("--host-cores", type=int, help="what-if: host cores for the host-gather paths")
+    mach = p.add_argument_group("machine (what-if: another machine; default the one the runs measured)")
+    mach.add_argument("--machine", metavar="FILE",
+                      help="a machine description, TOML or JSON (.json), keys: " + ", ".join(Machine.KEYS)
+                           + " (a [machine] table or top-level keys); the flags below override it")
+    mach.add_argument("--h2d-gbps", type=float, help="host-to-device GB/s (e.g. 375 for a Grace Hopper's C2C)")
+    mach.add_argument("--hbm-gbps", type=float, help="HBM read GB/s")
+    mach.add_argument("--host-gather-rows-per-s", type=float, help="the host gather's row rate, rows/s")
+    mach.add_argument("--sms", type=int, help="SMs the lookup kernels may use")
+    mach.add_argument("--gpu-hbm-bytes", help="the GPU's HBM (the machine's; --hbm-bytes is the table's budget)")
     p.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page")
     p.add_argument("--results-dir", default="results", help="where a self-run (no --runs) stores its run")
     p.add_argument("--measure", choices=["few", "all"], default="few",
@@ -608,8 +660,9 @@ def name_the_scope(advice: Advice, ask: ComputeAsk, measured: ComputeAsk, notes:
     advice.compute, advice.compute_label, advice.measured_compute_label = ask.spec, ask.label, measured.label
     advice.notes = notes + advice.notes
     asked = "" if measured == ask else f" (asked: {ask.label})"
-    advice.holds_for = (f"holds for: {advice.ids} ids, {measured.label}{asked}, measured on a "
-                        f"{advice.measured_table_bytes / 2**30:.1f} GiB table")
+    where = (f"measured on a {advice.measured_table_bytes / 2**30:.1f} GiB table" if advice.measured_table_bytes
+             else "predicted: no step of this row shape was measured")
+    advice.holds_for = f"holds for: {advice.ids} ids, {measured.label}{asked}, {where}"
 
 
 def scoped_verdict(advice: Advice) -> None:
@@ -678,6 +731,34 @@ def run_model_advise(args: argparse.Namespace) -> int:
     return 0
 
 
+MACHINE_FLAGS = (("h2d_gbps", "--h2d-gbps"), ("hbm_read_gbps", "--hbm-gbps"),
+                 ("host_gather_rows_per_s", "--host-gather-rows-per-s"), ("sms", "--sms"))
+
+
+def machine_asked(args: argparse.Namespace, measured: Machine) -> Machine:
+    """The machine to predict for: the measured one, then ``--machine FILE``'s keys, then the
+    flags, each figure marked given by where it came from; AdviseError naming the file / key / flag."""
+    m = measured
+    try:
+        if getattr(args, "machine", None):
+            m = m.given(f"--machine {args.machine}", **read_machine_file(args.machine))
+        for key, flag in MACHINE_FLAGS:
+            value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+            if value is not None:
+                m = m.given(flag, **{key: value})
+        if getattr(args, "gpu_hbm_bytes", None):
+            try:
+                hbm = parse_size(str(args.gpu_hbm_bytes), exact=False)
+            except BadValue as exc:
+                raise AdviseError(f"--gpu-hbm-bytes: {exc}") from None
+            m = m.given("--gpu-hbm-bytes", hbm_bytes=hbm)
+        if args.host_cores is not None:
+            m = m.given("--host-cores", host_cores=args.host_cores)
+    except MachineError as exc:
+        raise AdviseError(str(exc)) from None
+    return m
+
+
 def run_advise(args: argparse.Namespace) -> int:
     if getattr(args, "model", None):
         return run_model_advise(args)
@@ -717,6 +798,7 @@ def run_advise(args: argparse.Namespace) -> int:
         if args.host_cores is not None and args.host_cores < 1:
             raise AdviseError(f"--host-cores: must be >= 1, got {args.host_cores}")
         ask = compute_asked(args)  # sets args.compute_us (0 for decoder layers: their time is measured)
+        machine_asked(args, Machine())  # a bad machine file, key or flag fails before any self-run
         if args.ids is not None:
             wanted_ids(args.ids)  # a bad spec fails before any self-run
         runs = args.runs
@@ -758,20 +840,26 @@ def run_advise(args: argparse.Namespace) -> int:
                         graph_modes=args.graph,
                         ids=str(steps[0].get("ids")) if args.ids and steps else None)  # as stored
         name_the_scope(advice, ask, measured_ask, compute_notes)
-        model = build_model(records, metas, row_bytes=row_bytes)
+        model = build_model(records, metas)
         if model.fits:
+            target = machine_asked(args, model.rates.machine)
+            host_cores = args.host_cores or (target.host_cores if "given" in target.sources.get("host_cores", "")
+                                             else None)
             w = WhatIf(etp=args.etp, nodes=args.nodes, link_gbps=args.link_gbps,
-                       link_latency_us=args.link_latency_us, host_cores=args.host_cores)
+                       link_latency_us=args.link_latency_us, host_cores=host_cores,
+                       machine=target if model.rates.machine.differs(target) else None)
             if args.etp > 1 and model.rates.reduce_busbw_gbps is None:
                 raise AdviseError("--etp: no all-reduce was measured in the runs given (add a topology run: "
                                   "python -m ple_bench run --suite topology on 2+ GPUs)")
+            # another GPU's memory bounds the resident table where no --hbm-bytes budget was given
+            gpu_hbm = target.hbm_bytes if "given" in target.sources.get("hbm_bytes", "") else None
             advice.model = model_advice(model, table_bytes=table, row_bytes=row_bytes, heads=args.heads,
-                                        tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm,
+                                        tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm or gpu_hbm,
                                         host_bytes=host, graph_modes=args.graph,
                                         compute_words=measured_ask.label if ask.kind == "decoder" else None)
             # never a predicted figure in the headline where a measured one exists: the model's verdict
             # leads only where nothing was measured at the asked shape, or a what-if was asked
-            asked_what_if = args.etp > 1 or args.nodes > 1 or args.host_cores is not None
+            asked_what_if = args.etp > 1 or args.nodes > 1 or host_cores is not None or w.machine is not None
             if asked_what_if or all(a.verdict == NO_VERDICT for a in advice.answers):
                 advice.measured_verdict, advice.verdict = advice.verdict, advice.model.verdict
         scoped_verdict(advice)

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from .machine import Machine
 from .model import GIB, Model, PathFit, Point, path_id, path_label, predict
 
 #: an overhead up to this (in %) counts as "as fast as the resident table" (as advise.EQUAL_PCT)
@@ -25,6 +26,8 @@ class WhatIf:
     link_gbps: float | None = None
     link_latency_us: float = 0.0
     host_cores: int | None = None
+    #: the machine asked for (None: the one the runs measured); its rate terms scale the model's
+    machine: Machine | None = None
 
 
 @dataclass
@@ -83,6 +86,9 @@ class ModelAdvice:
     rates: dict[str, Any]
     assumptions: list[str]
     extrap_overall: dict[str, Any] = field(default_factory=dict)
+    shape_overall: dict[str, Any] = field(default_factory=dict)  # the held-out-shape error (the headline)
+    machine: dict[str, Any] = field(default_factory=dict)  # the machine predicted for, each figure's source
+    machine_lines: list[str] = field(default_factory=list)
 
 
 def _placement(fit: PathFit) -> str:
@@ -92,12 +98,12 @@ def _placement(fit: PathFit) -> str:
 
 
 def _measured(model: Model, fit: PathFit, rows: int, table_bytes: int, compute_us: float,
-              w: WhatIf) -> Point | None:
-    if w.etp != 1 or w.host_cores:
+              w: WhatIf, row_bytes: int, heads: int) -> Point | None:
+    if w.etp != 1 or w.host_cores or model.rates.machine.differs(w.machine):
         return None
     for p in model.points:
-        if (p.key == fit.key and p.rows == rows and p.compute_us == compute_us
-                and abs(math.log(p.table_bytes / table_bytes)) < 0.02):
+        if (p.key == fit.key and p.rows == rows and p.compute_us == compute_us and p.row_bytes == row_bytes
+                and (not p.heads or p.heads == heads) and abs(math.log(p.table_bytes / table_bytes)) < 0.02):
             return p
     return None
 
@@ -125,7 +131,7 @@ def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compu
     host_share = table_bytes / w.nodes
     out = []
     for f in fits:
-        m = _measured(model, f, rows, table_bytes, compute_us, w)
+        m = _measured(model, f, rows, table_bytes, compute_us, w, row_bytes, heads)
         extrapolated, floors, lookup_floor = False, [], None
         if m is not None:
             step, lookup, exposed, red, outside = m.step_ms, m.lookup_ms, m.step_ms - m.compute_ms, 0.0, []
@@ -133,7 +139,7 @@ def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compu
         else:
             pr = predict(f, model.rates, rows=rows, table_bytes=table_bytes, compute_us=compute_us, etp=w.etp,
                          nodes=w.nodes, link_gbps=w.link_gbps, link_latency_us=w.link_latency_us,
-                         host_cores=w.host_cores)
+                         host_cores=w.host_cores, row_bytes=row_bytes, machine=w.machine, tokens=tokens)
             step, lookup, exposed, red, outside = pr.step_ms, pr.lookup_ms, pr.exposed_ms, pr.reduce_ms, pr.outside
             extrapolated, floors, compute, lookup_floor = pr.extrapolated, pr.floors, pr.compute_ms, pr.lookup_floor_ms
         if f.resident:
@@ -290,16 +296,22 @@ def _n(n: int) -> str:
 
 
 ASSUMPTIONS = [
+    "a lookup costs fixed + per-row work + its rows at the rate of the ceiling that binds its path (the runs' "
+    "random-row ceiling of pinned or device memory at that table and row size, interpolated over table sizes; "
+    "the host-gather ceiling and h2d for host paths) times a fitted efficiency; a row moves at least "
+    "max(row_bytes, 64 B): every row shape is predicted from its rows and bytes",
     "an ETP group of n (tp 1) reads the same expected rows per rank from a shard of table/n, plus an "
     "all-reduce of n x rows x row_bytes (alpha-beta, fitted on the runs' ETP lookups)",
     "across nodes the inter-node link bounds the all-reduce's bus bandwidth and adds 2 (nodes - 1) link "
     "latencies",
-    "host cores scale only the host-gather paths' per-row time (thread fit where gather_threads was varied, "
+    "host cores scale only the host-gather paths' gather term (thread fit where gather_threads was varied, "
     "else linearly)",
-    "the row rate falls with the table as (table/32 GiB)^delta (delta fitted on the runs' table-size sweeps)",
+    "another machine scales each rate term by the measured figure over the given one: pinned kernels by h2d "
+    "(and by the SM count where fewer SMs are given), resident kernels by the HBM read rate, host gathers by "
+    "the host-gather rate, host copies by h2d; the compute is the asked one on every machine",
     "no lookup below its physical floor (rows x row_bytes over the fastest measured ceiling that binds it: "
     "host gather / h2d for host paths, d2d for resident tables) nor below the smallest lookup its path measured "
-    "at fewer or equal rows; no step below its compute; every per-row and per-compute slope >= 0",
+    "at fewer or equal rows and bytes; no step below its compute; every per-row and per-compute slope >= 0",
     "'vs HBM' is against the resident row a server would run instead: ids on the device, the option's timer "
     "and id distribution, the fastest graph mode (never a row of another timer)",
     "one compute kind: a path is fitted, and its compute pooled, only over steps of the same compute (the "
@@ -333,7 +345,18 @@ def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, 
     if w.etp > 1:
         verdict = f"ETP {w.etp}" + (f" over {w.nodes} nodes" if w.nodes > 1 else "") + ": " + verdict
 
-    return ModelAdvice(what_if=asdict(w), answers=answers, verdict=verdict,
+    target = w.machine or model.rates.machine
+    return ModelAdvice(what_if={k: v for k, v in asdict(w).items() if k != "machine"}, answers=answers, verdict=verdict,
                        what_would_change=what_would_change(model, tokens, compute_us, kw, compute_words),
-                       loo_overall=asdict(model.loo_overall), rates=asdict(model.rates), assumptions=ASSUMPTIONS,
-                       extrap_overall=asdict(model.extrap_overall))
+                       loo_overall=asdict(model.loo_overall), rates=model.summary()["rates"],
+                       assumptions=ASSUMPTIONS, extrap_overall=asdict(model.extrap_overall),
+                       shape_overall=asdict(model.shape_overall), machine=target.to_json(),
+                       machine_lines=machine_words(model.rates.machine, w.machine))
+
+
+def machine_words(measured: Machine, target: Machine | None) -> list[str]:
+    """The machine the prediction is for, each figure measured (its source) or given."""
+    m = target or measured
+    head = ("machine: another than the runs measured (the model's rate terms scaled by it)"
+            if measured.differs(target) else "machine: the one the runs measured")
+    return [head] + [f"  {line}" for line in m.lines()]
