@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ple_bench import results
 from ple_bench.spec.suite import load_suite
 from tests._fault_matrix import Step, check_records, planned_order, write_suite
@@ -34,6 +36,7 @@ STEPS = [
 ]
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and five worker processes
 def test_each_fault_between_two_good_cases(tmp_path):
     suite = tmp_path / "faults.toml"
     vocabs = write_suite(suite, STEPS)

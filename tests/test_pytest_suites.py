@@ -42,6 +42,8 @@ MULTI_RANK = _smoke_id("lookup.device.v4096.d64.bf16.h4.t8.tp1etp2dp2")
 def _pytest(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PLE_BENCH_FORCE_CPU="1")
     env.pop("PYTEST_ADDOPTS", None)
+    for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+        env.pop(name)  # a pytest of its own, not an xdist worker (pytest-benchmark turns itself off in one)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -50,6 +52,7 @@ def _benchmarks_by_case(doc: dict) -> dict[str, dict]:
     return {b["extra_info"]["case_id"]: b for b in doc["benchmarks"]}
 
 
+@pytest.mark.slow  # pytest suites/ in a new interpreter: a suite's cases run end to end
 def test_smoke_cases_become_benchmarks(tmp_path):
     selected = [LOOKUP_DEVICE, LOOKUP_PINNED_PF, STEP_DEVICE, MULTI_RANK]
     out_json = tmp_path / "bench.json"
@@ -102,6 +105,7 @@ def test_smoke_cases_become_benchmarks(tmp_path):
     assert "smoke/lookup" in cmp.stdout and "smoke/step" in cmp.stdout
 
 
+@pytest.mark.slow  # pytest suites/ in a new interpreter: a suite's cases run end to end
 def test_invalid_case_fails_and_skip_case_skips(tmp_path):
     suite = tmp_path / "mini.toml"
     suite.write_text(
