@@ -1,5 +1,6 @@
-"""The CLI end to end on a CPU-only machine: run, resume, interruption, failure
-isolation, bad suites, list, env, profile --dry-run."""
+"""The CLI end to end on a CPU-only machine: run, resume, interruption, bad suites, list, env,
+profile --dry-run.  Failure isolation (wrong rows, a raising lookup, a killed, poisoned or hung
+worker, each between good cases) is tests/test_fault_matrix.py's one run."""
 
 from __future__ import annotations
 
@@ -192,37 +193,6 @@ def test_bad_suite_exit_2_and_nothing_runs(tmp_path):
     assert not (tmp_path / "res").exists()
     proc = verb("run", "--suite", "no_such_suite", "--results-dir", str(tmp_path / "res"))
     assert proc.returncode == 2 and not (tmp_path / "res").exists()
-
-
-@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
-def test_failures_are_isolated_and_recorded(tmp_path):
-    impls = ["device", "tests.plugin_backends:WrongRowsBackend", "tests.plugin_backends:RaisingBackend",
-             "tests.plugin_backends:CrashingBackend"]
-    suite = write_suite(tmp_path, impls)
-    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    recs = {r["impl"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
-    assert recs["device"]["status"] == "ok"
-    wrong = recs["tests.plugin_backends:WrongRowsBackend"]
-    assert wrong["status"] == "invalid" and "differ" in wrong["reason"] and wrong["median_ms"] is None
-    raising = recs["tests.plugin_backends:RaisingBackend"]
-    assert raising["status"] == "failed" and "planted failure" in raising["reason"]
-    crash = recs["tests.plugin_backends:CrashingBackend"]
-    assert crash["status"] == "failed" and "died" in crash["reason"]
-    assert set(recs) == set(impls)
-
-
-@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
-def test_the_case_after_a_poisoning_failure_runs_in_a_fresh_worker(tmp_path):
-    """A failed case may leave its worker poisoned (a sticky CUDA error): the next case
-    must run in a fresh worker and get its own result, not its predecessor's."""
-    impls = ["tests.plugin_backends:PoisoningBackend", "tests.plugin_backends:VictimBackend"]
-    suite = write_suite(tmp_path, impls)
-    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
-    recs = {r["impl"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
-    assert recs[impls[0]]["status"] == "failed" and "poisons" in recs[impls[0]]["reason"]
-    assert recs[impls[1]]["status"] == "ok", recs[impls[1]]["reason"]
-    assert proc.returncode == 1
 
 
 @pytest.mark.parametrize("impl, why", [
