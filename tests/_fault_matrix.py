@@ -73,6 +73,8 @@ def check_records(records: list[dict], steps: list[Step], vocabs: list[int]) -> 
         assert rec["status"] == step.expect, where
         if step.reason:
             assert any(s in rec["reason"] for s in step.reason), where
+        if step.expect == "invalid":  # wrong rows: never timed
+            assert rec["median_ms"] is None, where
         if step.expect == "ok":
             assert rec["reason"] == "" and rec["impl"] == step.impl and rec["n_samples"] >= 3, where
             assert rec["median_ms"] > 0, where

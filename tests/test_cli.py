@@ -1,5 +1,6 @@
-"""The CLI end to end on a CPU-only machine: run, resume, interruption, failure
-isolation, bad suites, list, env, profile --dry-run."""
+"""The CLI end to end on a CPU-only machine: run, resume, interruption, bad suites, list, env,
+profile --dry-run.  Failure isolation (wrong rows, a raising lookup, a killed, poisoned or hung
+worker, each between good cases) is tests/test_fault_matrix.py's one run."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from ple_bench import results
 from ple_bench.record import SCHEMA_VERSION
 from ple_bench.results import RECORD_KEYS
+from tests._cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 AXES = ("impl", "vocab_size", "dim", "dtype", "num_heads", "num_tokens", "tp", "etp", "dp", "prefetch",
@@ -33,6 +35,12 @@ def _env() -> dict[str, str]:
 def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ple_bench", *args], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def verb(*args: str):
+    """A verb called in this process, CPU forced as in :func:`cli`: for what the verb does, not
+    the process (exit codes, output); a new interpreter costs a torch import (2-5 s of CPU)."""
+    return run_cli(*args, cpu=True)
 
 
 def _only_run(results_dir: Path) -> Path:
@@ -179,43 +187,12 @@ def test_run_smoke_end_to_end(tmp_path):
 def test_bad_suite_exit_2_and_nothing_runs(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[suite]\ndescription="x"\n[[group]]\nimpl="device"\ndtype="fp7"\n')
-    proc = cli("run", "--suite", str(bad), "--results-dir", str(tmp_path / "res"))
+    proc = verb("run", "--suite", str(bad), "--results-dir", str(tmp_path / "res"))
     assert proc.returncode == 2
     assert "bad.toml" in proc.stderr and "dtype" in proc.stderr and "fp8" in proc.stderr
     assert not (tmp_path / "res").exists()
-    proc = cli("run", "--suite", "no_such_suite", "--results-dir", str(tmp_path / "res"))
+    proc = verb("run", "--suite", "no_such_suite", "--results-dir", str(tmp_path / "res"))
     assert proc.returncode == 2 and not (tmp_path / "res").exists()
-
-
-@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
-def test_failures_are_isolated_and_recorded(tmp_path):
-    impls = ["device", "tests.plugin_backends:WrongRowsBackend", "tests.plugin_backends:RaisingBackend",
-             "tests.plugin_backends:CrashingBackend"]
-    suite = write_suite(tmp_path, impls)
-    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    recs = {r["impl"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
-    assert recs["device"]["status"] == "ok"
-    wrong = recs["tests.plugin_backends:WrongRowsBackend"]
-    assert wrong["status"] == "invalid" and "differ" in wrong["reason"] and wrong["median_ms"] is None
-    raising = recs["tests.plugin_backends:RaisingBackend"]
-    assert raising["status"] == "failed" and "planted failure" in raising["reason"]
-    crash = recs["tests.plugin_backends:CrashingBackend"]
-    assert crash["status"] == "failed" and "died" in crash["reason"]
-    assert set(recs) == set(impls)
-
-
-@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
-def test_the_case_after_a_poisoning_failure_runs_in_a_fresh_worker(tmp_path):
-    """A failed case may leave its worker poisoned (a sticky CUDA error): the next case
-    must run in a fresh worker and get its own result, not its predecessor's."""
-    impls = ["tests.plugin_backends:PoisoningBackend", "tests.plugin_backends:VictimBackend"]
-    suite = write_suite(tmp_path, impls)
-    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
-    recs = {r["impl"]: r for r in results.load_records(_only_run(tmp_path / "res"))}
-    assert recs[impls[0]]["status"] == "failed" and "poisons" in recs[impls[0]]["reason"]
-    assert recs[impls[1]]["status"] == "ok", recs[impls[1]]["reason"]
-    assert proc.returncode == 1
 
 
 @pytest.mark.parametrize("impl, why", [
@@ -226,12 +203,12 @@ def test_bad_impl_import_path_exits_2_before_running(tmp_path, impl, why):
     """A plug-in backend that does not load is bad input (exit 2 at suite load, naming the group
     and the path), not a case recorded "skipped" in a run that exits 0."""
     suite = write_suite(tmp_path, ["device", impl])
-    proc = cli("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
+    proc = verb("run", "--suite", str(suite), "--results-dir", str(tmp_path / "res"), "--no-report")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{suite}: [[group]] #1 ('g'): key 'impl'" in proc.stderr
     assert repr(impl) in proc.stderr and why in proc.stderr
     assert not (tmp_path / "res").exists()  # nothing ran, not even the good impl
-    proc = cli("list", "--suite", str(suite))
+    proc = verb("list", "--suite", str(suite))
     assert proc.returncode == 2 and repr(impl) in proc.stderr
 
 
@@ -260,6 +237,7 @@ def test_resume_runs_only_missing_cases(tmp_path):
     assert sorted(results.load(packed)["case_id"]) == sorted(r["case_id"] for r in recs)
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_ctrl_c_keeps_results(tmp_path):
     suite = tmp_path / "slow.toml"
     # 64 cases on 8 tables (a table is reused across token counts): the run lasts far longer than
@@ -350,7 +328,7 @@ def _interrupt(args: list[str], ready, timeout: float = 180) -> tuple[int, str, 
 def test_advise_without_a_gpu_refuses_in_seconds(tmp_path):
     res = tmp_path / "res"
     started = time.monotonic()
-    proc = cli("advise", "--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16",
+    proc = verb("advise", "--table-bytes", "47.7GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16",
                "--tokens", "64,256,512", "--compute-us", "100", "--results-dir", str(res))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no CUDA GPU" in proc.stderr and "--runs RUN_DIR" in proc.stderr
@@ -358,6 +336,7 @@ def test_advise_without_a_gpu_refuses_in_seconds(tmp_path):
     assert not res.exists() and time.monotonic() - started < 60
 
 
+@pytest.mark.slow  # python -m ple_bench advise --functional-check: a new interpreter and its self-run
 def test_ctrl_c_in_advise_exits_130_without_resume_advice(tmp_path):
     res = tmp_path / "res"
     rc, out, err = _interrupt(["advise", "--table-bytes", "1MiB", "--dim", "16", "--dtype", "bf16", "--heads", "1",
@@ -367,6 +346,7 @@ def test_ctrl_c_in_advise_exits_130_without_resume_advice(tmp_path):
     assert "--resume" not in err + out and "nothing ranked" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # python -m ple_bench profile: a new interpreter, the run it starts and its worker
 def test_ctrl_c_in_profile_exits_130(tmp_path):
     from ple_bench.spec.suite import load_suite
 
@@ -379,12 +359,12 @@ def test_ctrl_c_in_profile_exits_130(tmp_path):
 
 
 def test_list_json_and_table():
-    proc = cli("list", "--suite", "smoke", "--json")
+    proc = verb("list", "--suite", "smoke", "--json")
     assert proc.returncode == 0
     objs = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(objs) > 10 and all("case_id" in o and "impl" in o and "dtype" in o for o in objs)
     assert len({o["case_id"] for o in objs}) == len(objs)
-    proc = cli("list")
+    proc = verb("list")
     assert proc.returncode == 0 and "smoke" in proc.stdout and "default" in proc.stdout
 
 
@@ -392,7 +372,7 @@ def test_list_suite_is_narrow_by_default_and_wide_on_request():
     from ple_bench.spec.suite import load_suite
 
     suite = load_suite("default")
-    narrow = cli("list", "--suite", "default")
+    narrow = verb("list", "--suite", "default")
     assert narrow.returncode == 0
     # 100 columns, but for a case id longer than 94 characters beside its index (the flag path in four
     # pieces on the production table: 96, the id faster_than_hbm gives it too)
@@ -404,14 +384,14 @@ def test_list_suite_is_narrow_by_default_and_wide_on_request():
     for group in suite.groups:  # each group headed by its name and the axes that vary in it
         assert f"[{group.name}] {len(group.case_ids)} case" in narrow.stdout
     assert "[vocab sweep] 36 cases, varying impl, vocab_size, num_tokens, prefetch" in narrow.stdout
-    wide = cli("list", "--suite", "default", "--wide")
+    wide = verb("list", "--suite", "default", "--wide")
     header = next(line for line in wide.stdout.splitlines() if line.lstrip().startswith("#  case_id"))
     assert "host_alloc" in header.split() and "gather_threads" in header.split()
     assert max(map(len, wide.stdout.splitlines())) > 100
 
 
 def test_env_reports_no_gpu():
-    proc = cli("env")
+    proc = verb("env")
     assert proc.returncode == 0
     assert "GPU" in proc.stdout and "UVA" in proc.stdout and "NVTX" in proc.stdout
 
@@ -420,22 +400,22 @@ def test_profile_dry_run_builds_commands():
     from ple_bench.spec.suite import load_suite
 
     case = next(c for c in load_suite("smoke").cases if c.impl == "pinned_uva")
-    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run")
+    proc = verb("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "ncu --clock-control none --nvtx --nvtx-include" in proc.stdout
     assert "--profile-from-start off" in proc.stdout and case.case_id in proc.stdout
-    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run")
+    proc = verb("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run")
     assert proc.returncode == 0
     assert "nsys profile" in proc.stdout and "--capture-range cudaProfilerApi" in proc.stdout
-    proc = cli("profile", "--suite", "smoke", "--case", "lookup.*", "--tool", "ncu", "--dry-run")
+    proc = verb("profile", "--suite", "smoke", "--case", "lookup.*", "--tool", "ncu", "--dry-run")
     assert proc.returncode == 2 and "exactly one" in proc.stderr
-    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
+    proc = verb("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
                "--metrics", "gpu__time_duration.sum")
     assert proc.returncode == 0 and "--metrics gpu__time_duration.sum" in proc.stdout
-    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run",
+    proc = verb("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "nsys", "--dry-run",
                "--metrics", "gpu__time_duration.sum")
     assert proc.returncode == 2 and "ncu options" in proc.stderr
-    proc = cli("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
+    proc = verb("profile", "--suite", "smoke", "--case", case.case_id, "--tool", "ncu", "--dry-run",
                "--cache-control", "none")
     assert proc.returncode == 0 and "--cache-control none" in proc.stdout
 
@@ -475,6 +455,7 @@ compute_us = 40
 """
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_run_calibration_starts_the_run_with_an_earlier_runs_matmul_counts(tmp_path):
     """``run --calibration FILE``: the steps run FILE's matmul count for their shape (a count no
     calibration here would pick), the run's calibration.json starts as FILE; a bad file is exit 2."""
@@ -496,12 +477,13 @@ def test_run_calibration_starts_the_run_with_an_earlier_runs_matmul_counts(tmp_p
     assert json.loads((run_dir / "calibration.json").read_text()) == {key: [count + 7, per_us]}
     for bad in ("[1, 2]", '{"k": [1]}', "not json"):
         seeded.write_text(bad)
-        proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--no-report", "--calibration", str(seeded))
+        proc = verb("run", "--suite", str(path), "--results-dir", str(res), "--no-report", "--calibration", str(seeded))
         assert proc.returncode == 2 and "--calibration" in proc.stderr, proc.stderr[-500:]
-    proc = cli("run", "--suite", str(path), "--results-dir", str(res), "--calibration", str(tmp_path / "none.json"))
+    proc = verb("run", "--suite", str(path), "--results-dir", str(res), "--calibration", str(tmp_path / "none.json"))
     assert proc.returncode == 2 and "--calibration" in proc.stderr
 
 
+@pytest.mark.slow  # python -m ple_bench run of a suite: a new interpreter and its worker processes
 def test_records_name_the_kernel_each_lookup_ran(tmp_path):
     """kernel_ran: the kernel the backend ran when the case names none (the device table's CPU
     default here; on a GPU its default is triton_reference), and None where the host gathers;

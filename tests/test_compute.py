@@ -293,10 +293,10 @@ def test_suite_refuses_bad_decoder_axes(tmp_path, body, match):
 
 
 def test_cli_exits_2_for_a_decoder_case_with_a_compute_target(tmp_path):
-    from tests.test_cli import cli
+    from tests._cli import run_cli
 
     path = _suite(tmp_path, '[[group]]\nkind = "step"\ncompute = "decoder"\ncompute_us = [0, 50]\n')
-    proc = cli("list", "--suite", str(path))
+    proc = run_cli("list", "--suite", str(path), cpu=True)
     assert proc.returncode == 2, proc.stderr
     assert "compute_us" in proc.stderr and "Traceback" not in proc.stderr
 

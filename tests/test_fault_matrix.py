@@ -2,7 +2,9 @@
 The good cases are ``VictimBackend``, which fails in a process an earlier case poisoned, so an ok
 record proves the case ran in a fresh worker and the result is its own.  Faults: a worker killed
 (``os._exit``), a worker poisoned, a hang past ``--case-timeout``, a table larger than host memory
-(skipped with the numbers, never allocated).  The GPU matrix is tests/gpu/test_fault_matrix_gpu.py."""
+(skipped with the numbers, never allocated), and the case-level ones: wrong rows (invalid, never
+timed) and a lookup that raises (failed, the worker kept).  The GPU matrix is
+tests/gpu/test_fault_matrix_gpu.py."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from ple_bench import results
 from ple_bench.spec.suite import load_suite
@@ -21,6 +25,10 @@ HOST_MEM = 256 << 20  # what the run is told the host has (PLE_BENCH_HOST_MEM_BY
 TIMEOUT_S = 20
 
 STEPS = [
+    Step("good", GOOD, "ok"),
+    Step("wrong rows", "tests.plugin_backends:WrongRowsBackend", "invalid", ("differ",)),
+    Step("good", GOOD, "ok"),
+    Step("lookup raises", "tests.plugin_backends:RaisingBackend", "failed", ("planted failure in lookup",)),
     Step("good", GOOD, "ok"),
     Step("worker killed", "tests.plugin_backends:CrashingBackend", "failed", ("died (exit code 17)",)),
     Step("good", GOOD, "ok"),
@@ -34,6 +42,7 @@ STEPS = [
 ]
 
 
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and five worker processes
 def test_each_fault_between_two_good_cases(tmp_path):
     suite = tmp_path / "faults.toml"
     vocabs = write_suite(suite, STEPS)

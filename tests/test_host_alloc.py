@@ -263,9 +263,10 @@ def test_suite_axis_values(tmp_path):
 
 
 def test_cli_exit_2_on_an_unknown_mode(tmp_path):
-    from tests.test_cli import cli
+    from tests._cli import run_cli
 
-    proc = cli("run", "--suite", str(_suite(tmp_path, '"pinned"')), "--results-dir", str(tmp_path / "res"))
+    proc = run_cli("run", "--suite", str(_suite(tmp_path, '"pinned"')), "--results-dir", str(tmp_path / "res"),
+                   cpu=True)
     assert proc.returncode == 2
     assert "host_alloc" in proc.stderr and "exact" in proc.stderr
     assert not (tmp_path / "res").exists()

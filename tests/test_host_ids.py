@@ -121,11 +121,11 @@ def test_ids_on_axis_case_id_and_validation(tmp_path):
 
 
 def test_cli_exit_2_names_the_key(tmp_path):
-    from tests.test_cli import cli
+    from tests._cli import run_cli
 
     bad = tmp_path / "bad.toml"
     bad.write_text('[suite]\ndescription = "x"\n[[group]]\nimpl = "pinned_uva"\nids_on = "gpu"\n')
-    proc = cli("list", "--suite", str(bad))
+    proc = run_cli("list", "--suite", str(bad), cpu=True)
     assert proc.returncode == 2 and "ids_on" in proc.stderr
 
 

@@ -138,7 +138,8 @@ def _rank_main(rank, world, tp, etp, dp, num_embeddings, padding_size, dtypes, s
                     ids = random_ids(n, HEADS, num_embeddings, seed=97 * s + me.dp_rank,
                                      dtype=torch.int32 if s % 2 else torch.int64)
                     expected = full_lookup(reference, ids)
-                    tag = f"rank {rank} {backend} {dtype_name} {source} step {s} counts {counts}"
+                    tag = (f"tp{tp}-etp{etp}-dp{dp} rank {rank} {backend} {dtype_name} {source} step {s} "
+                           f"counts {counts}")
                     _check(f"{tag} lookup", emb.lookup(ids, counts), expected)
                     emb.start_prefetch(ids, counts)
                     out = poisoned(expected.shape, expected.dtype)
@@ -165,17 +166,41 @@ TOPOLOGY_CASES = [
 ]
 
 
+def _topologies_main(rank, world, cases):
+    """One rank of every topology of this world size, one after the other in the same processes
+    (each builds its own groups on the one default group): a process start is most of a
+    topology's cost on a CPU."""
+    return [_rank_main(rank, world, **case) for case in cases]
+
+
+@pytest.fixture(scope="module")
+def multi_rank_results():
+    """``(tp, etp, dp) -> every rank's result``: the topologies of one world size in one launch of
+    its ranks, launched when a test first asks for one of them (two launches in all, not five)."""
+    done: dict[tuple, list] = {}
+
+    def results_of(topo: tuple[int, int, int]) -> list:
+        if topo not in done:
+            world = topo[0] * topo[2]
+            params = [p.values for p in TOPOLOGY_CASES if p.values[0][0] * p.values[0][2] == world]
+            cases = [dict(tp=t[0], etp=t[1], dp=t[2], num_embeddings=n, padding_size=pad, dtypes=d, steps=st)
+                     for t, n, pad, d, st in params]
+            ranks = run_ranks("tests.test_parallel:_topologies_main", world, args=dict(cases=cases),
+                              timeout_s=240 * len(cases))
+            for i, (t, *_) in enumerate(params):
+                done[tuple(t)] = [r[i] for r in ranks]
+        return done[topo]
+
+    return results_of
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("topo, num_embeddings, padding_size, dtypes, steps", TOPOLOGY_CASES)
-def test_multi_rank_lookup_matches_full_table(topo, num_embeddings, padding_size, dtypes, steps):
+def test_multi_rank_lookup_matches_full_table(multi_rank_results, topo, num_embeddings, padding_size, dtypes,
+                                              steps):
     tp, etp, dp = topo
     world = tp * dp
-    results = run_ranks(
-        "tests.test_parallel:_rank_main", world,
-        args=dict(tp=tp, etp=etp, dp=dp, num_embeddings=num_embeddings, padding_size=padding_size,
-                  dtypes=dtypes, steps=steps),
-        timeout_s=240,
-    )
+    results = multi_rank_results(tuple(topo))
     expected_checks = len(dtypes) * 2 * 2 * len(steps) * 3
     assert [r["rank"] for r in results] == list(range(world))
     assert all(r["checks"] == expected_checks for r in results), results

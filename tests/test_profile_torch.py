@@ -19,6 +19,7 @@ from ple_bench.measure.profiler import TorchTrace, set_torch_trace, torch_trace_
 from ple_bench.measure.stopping import SampleCount, Stopper
 from ple_bench.measure.profiler import torch_trace_name
 from ple_bench.spec.suite import load_suite
+from tests._cli import run_cli
 from tests.test_cli import cli
 
 SAMPLES = 4
@@ -53,6 +54,7 @@ def _profile(tmp_path: Path, case_id: str) -> tuple[dict, Path, str]:
     return trace, path, proc.stdout
 
 
+@pytest.mark.slow  # python -m ple_bench profile: a new interpreter, the run it starts and its worker
 def test_profile_torch_prefetch_lookup_case(tmp_path):
     case_id = _smoke_case(kind="lookup", impl="pinned_uva", prefetch=True, ids="uniform", world_size=1,
                           kernel="")
@@ -76,6 +78,7 @@ def step_trace(tmp_path_factory) -> dict:
     return _profile(tmp_path_factory.mktemp("step"), case_id)[0]
 
 
+@pytest.mark.slow  # reads step_trace: profile --tool torch end to end
 def test_profile_torch_step_case(step_trace):
     trace = step_trace
     names = _ranges(trace)
@@ -91,20 +94,20 @@ def test_profile_torch_step_case(step_trace):
 def test_profile_torch_dry_run_runs_nothing(tmp_path):
     case_id = _smoke_case(kind="lookup", impl="device", prefetch=False, dtype="bf16", ids="uniform",
                           world_size=1, kernel="")
-    proc = cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--dry-run",
-               "--results-dir", str(tmp_path))
+    proc = run_cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--dry-run",
+                   "--results-dir", str(tmp_path), cpu=True)
     assert proc.returncode == 0, proc.stderr
     assert "run --suite" in proc.stdout and "--torch-trace 10 --samples 10" in proc.stdout
     assert f"{tmp_path}/<run_id>/trace_{case_id}.json" in proc.stdout
     assert not list(tmp_path.iterdir())
-    proc = cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--dry-run",
-               "--metrics", "gpu__time_duration.sum")
+    proc = run_cli("profile", "--suite", "smoke", "--case", case_id, "--tool", "torch", "--dry-run",
+                   "--metrics", "gpu__time_duration.sum", cpu=True)
     assert proc.returncode == 2 and "ncu options" in proc.stderr
 
 
 def test_run_torch_trace_rejects_zero(tmp_path):
-    proc = cli("run", "--suite", "smoke", "--case", "lookup.device.*", "--torch-trace", "0",
-               "--results-dir", str(tmp_path))
+    proc = run_cli("run", "--suite", "smoke", "--case", "lookup.device.*", "--torch-trace", "0",
+                   "--results-dir", str(tmp_path), cpu=True)
     assert proc.returncode == 2 and "--torch-trace" in proc.stderr
 
 
@@ -222,6 +225,7 @@ def test_trace_check_follows_launches_to_their_streams():
     assert set(same["lookup_streams"]) & set(same["compute_streams"])  # check 2 would FAIL
 
 
+@pytest.mark.slow  # reads step_trace: profile --tool torch end to end
 def test_trace_check_on_a_cpu_trace_finds_no_gpu_work(step_trace):
     mod = _check_script()
     res = mod.analyse(step_trace)
@@ -229,6 +233,7 @@ def test_trace_check_on_a_cpu_trace_finds_no_gpu_work(step_trace):
     assert set(mod.PHASES) <= set(res["range_names"])
 
 
+@pytest.mark.slow  # python -m ple_bench run: a new interpreter and two worker ranks
 def test_run_torch_trace_writes_one_trace_per_rank(tmp_path):
     case_id = _smoke_case(kind="lookup", impl="pinned_uva", prefetch=True, tp=1, etp=2, dp=2)
     proc = cli("run", "--suite", "smoke", "--case", case_id, "--torch-trace", "3", "--no-report",

@@ -172,6 +172,7 @@ def test_derive_gives_tokens_per_s_and_tpot():
 
 
 # ---------------------------------------------------------------- end to end
+@pytest.mark.slow  # python -m ple_bench run end to end: a new interpreter and its worker process
 def test_functional_serving_run_end_to_end(tmp_path):
     """``python -m ple_bench run`` of served steps on a CPU: both placements at the capacity rule's batch
     and half of it, every row checked (status ok, not invalid), the serve fields in each record; a
