@@ -172,3 +172,26 @@ def test_the_error_script_prints_the_tables_and_exits_2_on_a_folder_without_meta
     assert "no changed configuration in these runs" in out and "### New runs predicted" in out
     assert script.main([law_run, "--calibrate", str(tmp_path)]) == 2
     assert f"no meta.json): {tmp_path}" in capsys.readouterr().err
+
+
+def test_the_model_ranks_only_the_traffic_the_answer_holds_for(tmp_path):
+    """A second id distribution whose resident steps are twice as slow (a text trace) must not give
+    the model's pinned rows a slower HBM row to be held against: the answer holds for one
+    distribution (the one with the most stable pinned steps), and the model is fitted on its steps."""
+    recs = synthetic(shapes=SHAPES, tokens=(64, 256, 512))
+    slow = []
+    for r in recs:
+        r.update(timer="cuda_event", ids="uniform", host_alloc="" if r["impl"] == "device" else "torch")
+        if r["impl"] == "device":  # the other traffic's resident steps: twice the step, twice the compute
+            slow.append(dict(r, ids="ngram", case_id=r["case_id"] + ".ngram", step_ms=2 * r["step_ms"],
+                             compute_ms=2 * r["compute_ms"]))
+    meta = dict(law_meta(), run_id=RUN_ID, suite="shapes", mode="gpu")
+    run = str(write_run(tmp_path, RUN_ID, meta, recs + slow, derive=False))
+    js = json.loads(run_cli(*ASK, "--runs", run, "--json").stdout)
+    assert js["ids"] == "uniform"
+    opts = [o for a in js["model"]["answers"] for o in a["options"]]
+    assert opts and {o["ids"] for o in opts} == {"uniform"}
+    for a in js["model"]["answers"]:
+        hbm = min(o["step_ms"] for o in a["options"] if o["placement"] == "HBM")
+        pinned = [o for o in a["options"] if o["placement"] == "pinned host" and o.get("baseline_step_ms")]
+        assert pinned and all(o["baseline_step_ms"] == pytest.approx(hbm) for o in pinned)

@@ -856,7 +856,8 @@ def run_advise(args: argparse.Namespace) -> int:
             advice.model = model_advice(model, table_bytes=table, row_bytes=row_bytes, heads=args.heads,
                                         tokens=tokens, compute_us=args.compute_us, w=w, hbm_bytes=hbm or gpu_hbm,
                                         host_bytes=host, graph_modes=args.graph,
-                                        compute_words=measured_ask.label if ask.kind == "decoder" else None)
+                                        compute_words=measured_ask.label if ask.kind == "decoder" else None,
+                                        ids=advice.ids or None)  # the traffic the answer holds for
             # never a predicted figure in the headline where a measured one exists: the model's verdict
             # leads only where nothing was measured at the asked shape, or a what-if was asked
             asked_what_if = args.etp > 1 or args.nodes > 1 or host_cores is not None or w.machine is not None

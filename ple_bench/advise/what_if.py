@@ -122,9 +122,11 @@ def resident_baseline(o: ModelOption, resident: Sequence[ModelOption]) -> tuple[
 
 def options_at(model: Model, *, tokens: int, heads: int, table_bytes: int, compute_us: float, w: WhatIf,
                hbm_bytes: int | None, host_bytes: int | None, row_bytes: int,
-               graph_modes: str = "replayed") -> list[ModelOption]:
+               graph_modes: str = "replayed", ids: str | None = None) -> list[ModelOption]:
+    """Every fitted path at the asked point; ``ids``: only the paths of that id distribution (the
+    traffic the answer holds for: another's resident steps are never a pinned row's baseline)."""
     rows = tokens * heads
-    fits = list(model.fits.values())
+    fits = [f for f in model.fits.values() if ids is None or (f.key[9] or "uniform") == ids]
     if graph_modes == "replayed" and any(f.key[4] != "eager" for f in fits):
         fits = [f for f in fits if f.key[4] != "eager"]
     shard = table_bytes / w.etp
@@ -321,9 +323,10 @@ ASSUMPTIONS = [
 
 def model_advice(model: Model, *, table_bytes: int, row_bytes: int, heads: int, tokens: Sequence[int],
                  compute_us: float, w: WhatIf, hbm_bytes: int | None, host_bytes: int | None,
-                 graph_modes: str = "replayed", compute_words: str | None = None) -> ModelAdvice:
+                 graph_modes: str = "replayed", compute_words: str | None = None,
+                 ids: str | None = None) -> ModelAdvice:
     kw = dict(heads=heads, table_bytes=table_bytes, w=w, hbm_bytes=hbm_bytes, host_bytes=host_bytes,
-              row_bytes=row_bytes, graph_modes=graph_modes)
+              row_bytes=row_bytes, graph_modes=graph_modes, ids=ids)
     answers = []
     for t in tokens:
         opts = options_at(model, tokens=t, compute_us=compute_us, **kw)
