@@ -667,29 +667,44 @@ def test_halves_disagree_sees_a_shift_and_not_noise():
     assert not halves_disagree(spiky)
 
 
-def _drifting(slow_calls: int):
-    """A CPU function that takes 10 ms for its first ``slow_calls`` calls, then 2 ms, each a busy
-    wait on the clock (a 0.5 ms sleep wandered by 5-15 % on a loaded 2-core machine, enough for the
-    halves of a steady series to differ)."""
-    import time as _time
+class _FakeClock:
+    """The measurement's clock (``ple_bench.measure.timer.time``), advanced only by the function it
+    times: a series whose every sample is what the function says, whatever else the machine runs (a
+    busy wait on the real clock was pre-empted often enough on a loaded 2-core CI machine, the tests
+    on both cores, for the steady half to differ too)."""
 
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def perf_counter(self) -> float:
+        return self.ns / 1e9
+
+
+def _drifting(slow_calls: int, clock: _FakeClock):
+    """A function that takes 10 ms of ``clock`` for its first ``slow_calls`` calls, then 2 ms, each
+    with a few microseconds of deterministic jitter (a steady series is not a constant one)."""
     calls = [0]
 
     def fn():
         calls[0] += 1
-        end = _time.perf_counter() + (0.010 if calls[0] <= slow_calls else 0.002)
-        while _time.perf_counter() < end:
-            pass
+        base_us = 10_000 if calls[0] <= slow_calls else 2_000
+        clock.ns += (base_us + (calls[0] * 7) % 5) * 1_000
     return fn
 
 
-def test_an_unstable_series_is_measured_again_and_flagged_when_not_allowed_to():
+def test_an_unstable_series_is_measured_again_and_flagged_when_not_allowed_to(monkeypatch):
     from ple_bench.measure import measure
+    from ple_bench.measure import timer
     from ple_bench.measure.timer import TimingPolicy
 
+    clock = _FakeClock()
+    monkeypatch.setattr(timer, "time", clock)
     pol = TimingPolicy(warmup_ms=0.0, min_samples=40, max_samples=40, min_time_s=0.0, max_time_s=30.0,
                        max_noise=0.0, cold_l2=False)
-    m = measure(_drifting(21), device="cpu", policy=pol)  # half the first try slow, the second try steady
+    m = measure(_drifting(21, clock), device="cpu", policy=pol)  # half the first try slow, the second steady
     assert m.remeasured and not m.unstable and m.stats()["median_ms"] < 5.0
-    flagged = measure(_drifting(21), device="cpu", policy=replace(pol, remeasure_unstable=False))
+    flagged = measure(_drifting(21, clock), device="cpu", policy=replace(pol, remeasure_unstable=False))
     assert flagged.unstable and not flagged.remeasured and flagged.stats()["unstable"] is True
