@@ -18,7 +18,7 @@ CODE_SPAN = re.compile(r"``.*?``|`[^`]*`")
 def markdown_files(root: Path = REPO) -> list[Path]:
     files = [root / "README.md", root / "CHANGELOG.md", *sorted((root / "docs").glob("*.md"))]
     files += sorted((root / "docs" / "gpu-logs").glob("*/README.md"))
-    files += sorted((root / "docs" / "runs").glob("*.md")) + sorted((root / "docs" / "runs").glob("*/*.md"))
+    files += sorted((root / "docs" / "runs").glob("*.md"))  # the archive's index, not each run's generated summary
     return [f for f in files if f.is_file()]
 
 
