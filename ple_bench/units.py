@@ -8,6 +8,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+try:  # the TOML reader of suites and machine descriptions, one place for the Python 3.10 fallback
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:  # pragma: no cover
+        tomllib = None  # type: ignore[assignment]
+
 #: bytes per element of each storage dtype; its keys are the ``dtype`` axis' values
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 

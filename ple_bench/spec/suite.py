@@ -128,18 +128,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    try:
-        import tomli as tomllib  # type: ignore[no-redef]
-    except ModuleNotFoundError:  # pragma: no cover
-        tomllib = None  # type: ignore[assignment]
 
 from .. import workload
 from ..compute import DECODER_SHAPES
 from ..parallel import Topology, TopologyError
-from ..units import DTYPE_BYTES, BadValue
+from ..units import DTYPE_BYTES, BadValue, tomllib
 from .axes import AXES, PRODUCT_ORDER, PSEUDO_AXES, STEP_ONLY_AXES, TIMING, extra_value
 from .case import DECODER_AXES, SERVE_AXES, SERVE_DERIVED_AXES, Case, with_baselines
 from .constraints import Constraint, brief
