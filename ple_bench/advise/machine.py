@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -31,6 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ..record import num
+from ..units import tomllib
 
 #: a random row read moves at least one 64-byte sector pair from DRAM (and one PCIe read request):
 #: below it, a row costs what a 64-byte row does
@@ -164,9 +164,12 @@ def read_machine_file(path: str | Path) -> dict[str, Any]:
         text = p.read_text()
     except OSError as exc:
         raise MachineError(f"--machine {p}: cannot read it ({exc.strerror})") from None
+    if p.suffix != ".json" and tomllib is None:  # pragma: no cover -- Python 3.10 without tomli
+        raise MachineError(f"--machine {p}: reading TOML needs Python >= 3.11 (tomllib) or the 'tomli' package; "
+                           "give the description as JSON (a .json file)")
     try:
         data = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+    except ValueError as exc:  # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
         raise MachineError(f"--machine {p}: not valid {'JSON' if p.suffix == '.json' else 'TOML'}: {exc}") from None
     if isinstance(data, dict) and isinstance(data.get("machine"), dict) and len(data) == 1:
         data = data["machine"]  # a [machine] table
@@ -237,24 +240,28 @@ class CeilingRates:
         for m in metas:
             c = m.get("ceilings") or {}
             for v in (c.get("random_row") or {}).values():
-                if not isinstance(v, dict) or not (num(v.get("ms")) and num(v.get("rows"))):
-                    continue
-                shape = (int(num(v.get("table_bytes")) or 0), int(num(v.get("row_bytes")) or 0))
-                if self._skip(shape):
+                shape = self._usable(v)
+                if shape is None:
                     continue
                 k = (str(v.get("memory")), str(v.get("order") or "random"), str(v.get("ids") or "uniform"),
                      str(v.get("host_alloc") or "torch"))
                 rr.setdefault(k, {}).setdefault(shape, []).append((float(v["rows"]), float(v["ms"])))
             for v in (c.get("host_gather") or {}).values():
-                if not isinstance(v, dict) or not (num(v.get("ms")) and num(v.get("rows"))):
-                    continue
-                shape = (int(num(v.get("table_bytes")) or 0), int(num(v.get("row_bytes")) or 0))
-                if self._skip(shape):
+                shape = self._usable(v)
+                if shape is None:
                     continue
                 hg.setdefault(str(v.get("ids") or "uniform"), {}).setdefault(shape, []).append(
                     (float(v["rows"]), float(v["ms"])))
         self.random_row = {k: _Curve({s: _slope_per_row(e) for s, e in d.items()}) for k, d in rr.items()}
         self.host_gather = {k: _Curve({s: _slope_per_row(e) for s, e in d.items()}) for k, d in hg.items()}
+
+    def _usable(self, v: Any) -> tuple[int, int] | None:
+        """The (table bytes, row bytes) of a ceiling entry with a time and a row count, None where
+        it has neither or its shape is left out."""
+        if not isinstance(v, dict) or not (num(v.get("ms")) and num(v.get("rows"))):
+            return None
+        shape = (int(num(v.get("table_bytes")) or 0), int(num(v.get("row_bytes")) or 0))
+        return None if self._skip(shape) else shape
 
     def _skip(self, shape: tuple[int, int]) -> bool:
         t, rb = shape
