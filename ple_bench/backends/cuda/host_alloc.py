@@ -308,6 +308,15 @@ def _allocate_torch(rows: int, dim: int, dtype: torch.dtype, nbytes: int,
     return table, alloc
 
 
+def prefault(region: torch.Tensor) -> None:
+    """Touch one byte of every page of ``region`` (uint8, a fresh anonymous mapping) with torch's
+    intra-op threads, so the kernel faults and zeroes the pages in parallel; cudaHostRegister then
+    pins pages that are there (it faulted them one by one: 15-30 s for 47.7 GiB on the H200 hosts).
+    The pages are the same ones the register would have faulted."""
+    if region.numel():
+        region[::PAGE_BYTES].fill_(0)
+
+
 def _allocate_exact(rows: int, dim: int, dtype: torch.dtype, nbytes: int, mode: str,
                     device: torch.device, pinned: bool) -> tuple[torch.Tensor, HostAllocation]:
     huge = mode == "exact_huge"
@@ -336,6 +345,7 @@ def _allocate_exact(rows: int, dim: int, dtype: torch.dtype, nbytes: int, mode: 
     alloc = HostAllocation(mode, nbytes, length, 0, _mapping=mapping, _device=device)
     pages = "2 MiB transparent huge pages advised" if huge else f"THP policy {thp_policy() or 'unknown'}"
     if runtime is not None:
+        prefault(whole[offset: offset + length])
         code = runtime.register(ptr, length, REGISTER_FLAGS)
         if code != 0:
             del whole
