@@ -377,9 +377,29 @@ class DecodeStep:
             torch.cuda.synchronize(self.device)
 
     def _time_compute_ms(self, n: int, repeats: int = 5) -> float:
-        """Median time of ``compute(n)`` (eager) in ms: one warm-up call, then ``repeats``
-        calls, CUDA events on a GPU, the host clock in functional mode."""
+        """Median time of ``compute(n)`` in ms as the step runs it: on a GPU replayed from a CUDA
+        graph (the step's compute is a graph's, without launch gaps; CUDA events), else eager
+        on the host clock (functional mode, or where the capture fails)."""
+        if self.device.type == "cuda":
+            try:
+                return self._time_compute_graph_ms(n, repeats)
+            except RuntimeError:
+                pass
         return repeat_timed(lambda: self.compute(n), device=self.device, warmup=1, min_repeats=repeats).median_ms
+
+    def _time_compute_graph_ms(self, n: int, repeats: int) -> float:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self.compute(n)  # warm-up outside the capture (cuBLAS workspaces)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.compute(n)
+        try:
+            return repeat_timed(graph.replay, device=self.device, warmup=2, min_repeats=repeats).median_ms
+        finally:
+            del graph
 
     def calibrate_compute(self, target_us: float) -> int:
         """Measure the matmuls of the ring and pick how many take ~``target_us``
@@ -400,7 +420,7 @@ class DecodeStep:
                 _CALIBRATION[key] = (int(known[0]), float(known[1]))
             else:
                 n_cal = max(2 * len(self.weights), 8 if self.device.type == "cuda" else 2)
-                per_us = self._time_compute_ms(n_cal) * 1e3 / n_cal
+                per_us = self._time_compute_ms(n_cal, repeats=21) * 1e3 / n_cal
                 count = max(1, round(target_us / per_us)) if per_us > 0 else 1
                 count = _agree_max(count, self.device)
                 _CALIBRATION[key] = (count, per_us)
@@ -491,7 +511,8 @@ def calibration_key(device: torch.device, hidden: int, num_tokens: int, act_dtyp
     """The run-wide name of one compute calibration: the device's model (not its index: every rank of
     a run shares it), the shape, the ring and the target."""
     model = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return f"{model}|hidden={hidden}|tokens={num_tokens}|{act_dtype}|ring={ring}|target_us={target_us:g}"
+    timed = "|timed=graph" if device.type == "cuda" else ""  # calibrated from a graph's replay (earlier: eager)
+    return f"{model}|hidden={hidden}|tokens={num_tokens}|{act_dtype}|ring={ring}|target_us={target_us:g}{timed}"
 
 
 def read_run_calibration() -> dict[str, list]:
