@@ -258,6 +258,18 @@ FIELDS: tuple[Field, ...] = (
     _f("green_via", "", "all", "sm_limit > 0: how the green context was made", type="str"),
     _f("background_h2d_gbps", "GB/s", "step", "h2d_background: the rate the background host→device copy "
        "achieved beside the step's measurements (the link's share the step did not have)"),
+    # a repeated case (a suite group's repeat = {processes, rounds}: ple_bench.run.replicate)
+    _f("processes", "", "all", "a repeated case: the fresh worker processes it was measured in (its figures are "
+       "the mean over them of each process's mean over its rounds)", type="int"),
+    _f("rounds", "", "all", "a repeated case: the rounds measured in each process", type="int"),
+    _f("replicates", "", "all", "a repeated case: every round, {process, round, position (in the round's random "
+       "order), status, ms (figure -> the round's median), se_ms (figure -> its standard error), where the process "
+       "ran (cpu, thread_cpus, cpus_allowed, cpu_khz, anon_huge_bytes, pid) and its state (sm_clock_mhz, "
+       "compute_matmuls, table_alloc_s, ...)}", type="list[dict]"),
+    _f("ci_low_ms", "ms", "all", "a repeated case: the 95 % interval's low end of its figure (step_ms, or median_ms "
+       "of a lookup): hierarchical bootstrap over processes, rounds and samples (ple_bench.uncertainty)",
+       derived=True),
+    _f("ci_high_ms", "ms", "all", "a repeated case: the same interval's high end", derived=True),
     # decode steps
     _f("step_ms", "ms", "step", "the step in the case's graph mode (= median_ms)"),
     _f("step_samples_ms", "ms", "step", "raw step samples"),
@@ -361,6 +373,9 @@ FIELDS: tuple[Field, ...] = (
        derived=True),
     _f("tpot_ms", "ms", "serve", "time per output token of each sequence = step_ms (one token per sequence per "
        "step)", derived=True),
+    _f("tokens_per_s_ci_low", "tokens/s", "serve", "a repeated case: serve_batch / ci_high_ms (the 95 % interval "
+       "of tokens_per_s over processes)", derived=True),
+    _f("tokens_per_s_ci_high", "tokens/s", "serve", "a repeated case: serve_batch / ci_low_ms", derived=True),
     # a table in host memory (every case of a backend whose table is in host memory)
     _f("pinned_bytes", "B", "all", "bytes page-locked for this rank's shard (0 in functional mode)"),
     _f("host_table_bytes", "B", "all", "host bytes the allocation reserves"),
@@ -783,6 +798,7 @@ def derive(rec: dict[str, Any], ceilings: Mapping[str, Any] | None,
     ceilings = ceilings or {}
     rec["schema_version"] = SCHEMA_VERSION
     kind = rec.get("kind") or "lookup"
+    _derive_interval(rec, kind)
     for key in ("gbps", "rows_per_s", "ceiling", "ceiling_gbps", "ceiling_row_bytes", "pct_of_ceiling",
                 "ceiling_exceeded", "pct_of_bandwidth_ceiling"):
         rec[key] = None
@@ -840,14 +856,32 @@ def _derive_step(rec: dict[str, Any], peers: Peers, ceilings: Mapping[str, Any] 
             rec["compute_pct_of_hbm_read"] = 100.0 * rec["compute_hbm_gbps"] / read
 
 
+def _derive_interval(rec: dict[str, Any], kind: str) -> None:
+    """A repeated case's 95 % interval of its figure, over its processes (:mod:`ple_bench.uncertainty`)."""
+    rec["ci_low_ms"] = rec["ci_high_ms"] = None
+    reps = rec.get("replicates")
+    if rec.get("status") != "ok" or not isinstance(reps, list) or not reps:
+        return
+    from .uncertainty import interval, observations
+
+    figure = "median_ms" if kind == "lookup" else "step_ms"
+    got = interval(observations(reps, figure), seed_text=str(rec.get("case_id")))
+    if got is not None:
+        rec["ci_low_ms"], rec["ci_high_ms"] = got.low, got.high
+
+
 def _derive_serve(rec: dict[str, Any]) -> None:
     """A served step's throughput and TPOT (one token per sequence per step)."""
     rec["overlap_efficiency"] = rec["overlap_twin"] = None
     rec["tokens_per_s"] = rec["tpot_ms"] = None
+    rec["tokens_per_s_ci_low"] = rec["tokens_per_s_ci_high"] = None
     step_ms, batch = _num(rec.get("step_ms")), _num(rec.get("serve_batch"))
     if rec.get("status") == "ok" and step_ms and step_ms > 0 and batch:
         rec["tokens_per_s"] = batch / (step_ms / 1e3)
         rec["tpot_ms"] = step_ms
+        low, high = _num(rec.get("ci_low_ms")), _num(rec.get("ci_high_ms"))
+        if low and high:
+            rec["tokens_per_s_ci_low"], rec["tokens_per_s_ci_high"] = batch / (high / 1e3), batch / (low / 1e3)
 
 
 _OFFLOAD_KEYS = ("offload_overhead", "offload_baseline", "offload_baseline_ms", "offload_baseline_graph",
@@ -908,6 +942,8 @@ class CaseResult:
     random_row_ceilings: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     traceback: str | None = None  # a failed case's
     rank_outcomes: list[dict[str, Any]] | None = None  # under torchrun, when the ranks disagreed
+    #: where the worker ran it (:func:`ple_bench.measure.placement.process_facts`; repeated cases only)
+    process: dict[str, Any] | None = None
     duration_s: float | None = None  # stamped by whoever ran the case (dispatch, torchrun)
     finished_at: str | None = None
 

@@ -40,6 +40,14 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="start with the compute calibrations of FILE (an earlier run's calibration.json): "
                         "decode steps of the same shape run the same matmul counts, so compare can hold them "
                         "against that run's (scripts/nightly.sh passes its baseline's)")
+    p.add_argument("--fresh-calibration", action="store_true",
+                   help="calibrate the decode step's compute anew instead of reading this machine's profile "
+                        "(~/.cache/ple_bench/machine, $PLE_BENCH_PROFILE_DIR), and leave the profile as it is")
+    p.add_argument("--processes", type=_count, metavar="K",
+                   help="a repeated group (the suite's repeat = {processes, rounds}): measure its cases in K fresh "
+                        "worker processes instead of the suite's number")
+    p.add_argument("--rounds", type=_count, metavar="R",
+                   help="a repeated group: R randomized rounds in each process instead of the suite's number")
     p.add_argument("--case-timeout", type=float, default=900.0, help="seconds before a case is declared hung")
     p.add_argument("--no-report", action="store_true", help="do not build the HTML report at the end")
     p.add_argument("--no-progress", action="store_true",
@@ -52,6 +60,17 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-trace", type=int, nargs="?", const=10, metavar="N",
                    help="record the first N samples (default 10) of every measurement phase with torch.profiler, "
                         "phases as named ranges; one Chrome/Perfetto trace per case: <run_dir>/trace_<case_id>.json")
+
+
+def _count(text: str) -> int:
+    """An integer in [1, 64] (argparse exits 2 naming the flag otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{value} is not in [1, 64]")
+    return value
 
 
 def _resume_suite(args: argparse.Namespace):
@@ -85,6 +104,11 @@ def _resume_args(args: argparse.Namespace) -> list[str]:
         out += ["--samples", str(args.samples)]
     if args.case_timeout != 900.0:
         out += ["--case-timeout", f"{args.case_timeout:g}"]
+    if args.fresh_calibration:
+        out.append("--fresh-calibration")
+    for flag in ("processes", "rounds"):
+        if getattr(args, flag, None) is not None:
+            out += [f"--{flag}", str(getattr(args, flag))]
     if args.no_report:
         out.append("--no-report")
     elif str(args.reports_dir) != "reports":
@@ -193,6 +217,7 @@ def main(args: argparse.Namespace) -> int:
         nvtx=not args.no_nvtx, profile_window=args.profile_window,
         torch_trace=args.torch_trace,
         functional_note=note, argv=sys.argv, quiet=quiet, resume_args=_resume_args(args),
+        processes=args.processes, rounds=args.rounds, machine_profile=not args.fresh_calibration,
     )
     try:
         summary = run_suite(suite, cases, policy, options, mode)

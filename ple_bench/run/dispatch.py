@@ -76,7 +76,9 @@ class CaseDispatcher:
         else:
             print(f"warning: ceilings not measured: {reply[1]}", file=sys.stderr)
 
-    def run_case(self, case: Case, policy) -> CaseResult:
+    def run_case(self, case: Case, policy, extra_options: dict[str, Any] | None = None) -> CaseResult:
+        """``case`` run by its ranks; ``extra_options`` go to the worker with the case (a repeated
+        case's ``park_tables`` and ``process_facts``)."""
         world = case.world_size
         if self.torchrun is not None:
             return self.torchrun.run_case(case, policy)
@@ -88,7 +90,7 @@ class CaseDispatcher:
         except (WorkerError, TimeoutError, OSError) as exc:
             self.close()
             return self._ended("failed", f"could not start {world} worker(s): {exc}")
-        options = {"nvtx": self.options.nvtx, "profile_window": self.options.profile_window}
+        options = {"nvtx": self.options.nvtx, "profile_window": self.options.profile_window, **(extra_options or {})}
         if self.options.torch_trace:
             options["torch_trace"] = {"max_samples": self.options.torch_trace,
                                       "path": str(self.writer.run_dir / torch_trace_name(case.case_id))}

@@ -104,6 +104,10 @@ class CaseExecutor:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     groups_by_topology: dict = field(default_factory=dict)
     table: _Table | None = None
+    #: keep tables a case no longer needs for a later case of this process (a repeated group's
+    #: rounds alternate the resident table and the pinned one: neither is built twice)
+    park_tables: bool = False
+    parked: dict = field(default_factory=dict)  # table key -> _Table; ("rows", rows_key) -> (handed, _Table)
     host_gather_ceilings: dict = field(default_factory=dict)  # (table bytes, rows, row bytes) -> fields
     random_row_ceilings: dict = field(default_factory=dict)  # ceilings.random_row_key -> fields
 
@@ -121,7 +125,28 @@ class CaseExecutor:
         self.release_table()
         self.groups_by_topology.clear()
 
+    def _park_current(self) -> None:
+        """Put the current table aside (:attr:`park_tables`): a table whose backend hands it over
+        is kept as its filled rows (the backend closed: no thread team left running beside the
+        next case), any other with its backend."""
+        current, self.table = self.table, None
+        if current is None:
+            return
+        handed = current.backend.hand_over_table()
+        if handed is not None:
+            current.backend.close()
+            self.parked[("rows", current.rows_key)] = (handed, current)
+        else:
+            self.parked[current.key] = current
+
     def release_table(self) -> None:
+        for entry in self.parked.values():
+            backend = entry.backend if isinstance(entry, _Table) else None
+            if backend is not None:
+                backend.close()
+            else:
+                entry[0].allocation.close()
+        self.parked.clear()
         if self.table is not None:
             self.table.backend.close()
             self.table = None
@@ -181,6 +206,14 @@ class CaseExecutor:
             # same table, another kernel: swap the kernel, keep the filled table
             backend.set_kernel(backend.kernel_for(backend.device, case.kernel))
             return backend
+        if self.park_tables and key in self.parked:
+            self._park_current()
+            self.table = self.parked.pop(key)
+            self.table.uses += 1
+            backend = self.table.backend
+            backend.set_max_tokens(case.num_tokens)
+            backend.set_kernel(backend.kernel_for(backend.device, case.kernel))
+            return backend
         try:
             cls = get_backend(case.impl)
         except ValueError as exc:
@@ -192,7 +225,16 @@ class CaseExecutor:
         rows_key = (case.vocab_size, case.dim, case.dtype, case.host_alloc, seed, topo)
         shared = self.table if self.table is not None and self.table.rows_key == rows_key else None
         handed = shared.backend.hand_over_table() if shared is not None and cls.takes_table else None
-        self.release_table()
+        if self.park_tables:
+            parked = self.parked.pop(("rows", rows_key), None) if handed is None and cls.takes_table else None
+            if parked is not None:
+                handed, shared = parked
+            if handed is not None and shared is self.table:
+                self.table.backend.close()  # handed over: nothing of the table is freed
+                self.table = None
+            self._park_current()
+        else:
+            self.release_table()
         in_host = cls.table_in_host_memory
         if case.host_alloc != "torch" and not in_host:
             raise SkipCase(f"host_alloc={case.host_alloc} applies to tables in pinned host memory; "

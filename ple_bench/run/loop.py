@@ -8,6 +8,7 @@ ask for, after the run."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shlex
 import sys
@@ -23,7 +24,7 @@ from ..env import CALIBRATION_ENV, CALIBRATION_FILE
 from ..record import Peers, RunContext
 from ..results import RunWriter, load_records, new_run_id, not_reached
 from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
-from . import provenance
+from . import machine_profile, provenance, replicate
 from .dispatch import CaseDispatcher
 from .step import seed_calibration
 
@@ -47,6 +48,11 @@ class RunOptions:
     #: compute calibrations to start the run with (``run --calibration FILE``: an earlier run's
     #: calibration.json): its steps run the same matmul counts where the shape matches
     calibration: dict[str, list] | None = None
+    #: override a repeated group's processes / rounds (``run --processes N --rounds R``); None: the suite's
+    processes: int | None = None
+    rounds: int | None = None
+    #: start a GPU run's compute calibration from the machine profile and add to it (``--fresh-calibration``: no)
+    machine_profile: bool = True
 
 
 @dataclass
@@ -201,11 +207,33 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         done = set()
         meta = provenance.start_meta(suite, mode, run_dir, writer, argv=options.argv, policy=policy,
                                      functional_note=options.functional_note, cases=cases)
-    # one compute calibration per run, shared by every worker (a fresh one after a failure, a resume)
+    # one compute calibration per run, shared by every worker (a fresh one after a failure, a resume);
+    # on a GPU it starts from the machine profile (the same compute in every run of this machine)
     os.environ[CALIBRATION_ENV] = str(run_dir.resolve() / CALIBRATION_FILE)
+    profile_key = machine_profile.machine_key() if mode == "gpu" and options.machine_profile else None
     if options.calibration and not options.resume:
         seed_calibration(run_dir, options.calibration)
+        provenance.note(writer, meta, compute_profile={"source": "--calibration"})
+    elif profile_key is not None and not options.resume:
+        found = machine_profile.load(profile_key)
+        if found is not None:
+            seed_calibration(run_dir, found[1]["calibration"])
+        provenance.note(writer, meta, compute_profile={
+            "source": "machine profile" if found else "calibrated by this run (now the machine profile)",
+            "path": str(machine_profile.profile_path(profile_key)), "key": profile_key,
+            "created_by": found[1].get("created_by") if found else run_dir.name})
     todo = [c for c in order_cases(cases) if c.case_id not in done]
+
+    def repeat_of(case_id: str) -> tuple[int, int] | None:
+        setting = suite.repeat_of(case_id) if hasattr(suite, "repeat_of") else None
+        if setting is None:
+            return None
+        return (options.processes or setting[0], options.rounds or setting[1])
+
+    once, repeated = replicate.repeated_cases(todo, repeat_of)
+    if repeated:
+        provenance.note(writer, meta, repeated={c.case_id: list(repeat_of(c.case_id)) for c in repeated})
+        todo = repeated + once  # first: the cases measured once find the repeated baselines among their peers
     counts = {"ok": 0, "skipped": 0, "failed": 0, "invalid": 0}
     progress = _Progress(len(todo), None if options.quiet else options.progress)
     if options.resume and not options.quiet:
@@ -218,16 +246,27 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     # the run's meta.json (its ceilings grow as they are measured) and its records so far (overlap
     # twins and resident baselines), for each record's derived figures
     context = RunContext(meta, Peers.of(load_records(run_dir) if done else []))
+    def keep(case: Case, result) -> dict[str, Any]:
+        progress.case_id = case.case_id
+        provenance.keep_case_ceilings(result, meta, writer)
+        rec = record.build(case, result, context)
+        context.peers.add(rec)
+        writer.append(rec)
+        counts[rec["status"]] += 1
+        progress.done(rec)
+        return rec
+
     try:
-        for case in todo:
+        if repeated:
+            replicate.run_repeated(
+                repeated, repeat_of, lambda case, extra: executor.run_case(case, policy, extra), executor.close,
+                run_dir, on_round=lambda case_id, where: progress.start(f"{case_id} ({where})") if case_id else progress.write(where),
+                on_record=keep)
+        for case in once:
+            if executor.abort_reason:
+                break
             progress.start(case.case_id)
-            result = executor.run_case(case, policy)
-            provenance.keep_case_ceilings(result, meta, writer)
-            rec = record.build(case, result, context)
-            context.peers.add(rec)
-            writer.append(rec)
-            counts[rec["status"]] += 1
-            progress.done(rec)
+            keep(case, executor.run_case(case, policy))
             if executor.abort_reason:
                 if not options.quiet:
                     progress.write(f"run ended early: {executor.abort_reason}")
@@ -245,6 +284,13 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
                 if not options.quiet:
                     print(_interrupted_text(run_dir, options), file=sys.stderr)
             executor.close()
+    if profile_key is not None and (run_dir / CALIBRATION_FILE).exists():
+        try:
+            calibration = json.loads((run_dir / CALIBRATION_FILE).read_text(encoding="utf-8"))
+            _path, added = machine_profile.update(profile_key, calibration, run_dir.name)
+            provenance.note(writer, meta, compute_profile=dict(meta.get("compute_profile") or {}, added=added))
+        except (OSError, ValueError) as exc:
+            print(f"warning: machine profile not updated: {exc}", file=sys.stderr)
     status = "interrupted" if interrupted else "aborted" if executor.abort_reason else "complete"
     meta = provenance.finish_meta(writer, meta, status, executor.abort_reason)
     summary = RunSummary(run_dir=run_dir, counts=counts, interrupted=interrupted,

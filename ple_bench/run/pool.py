@@ -41,6 +41,7 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
 
     from .. import annotate
     from ..measure import TimingPolicy, device_info, measure_ceilings, set_profiler_window
+    from ..measure.placement import process_facts
     from ..measure.profiler import torch_trace_case
     from ..spec.case import Case
     from .rank import allreduce_busbw, start_rank
@@ -69,8 +70,11 @@ def _worker_main(rank: int, world: int, port: int, conn, env: dict[str, str]) ->
                 path = trace.get("path")
                 if path and rank:  # every rank records its own windows
                     path = path[: -len(".json")] + f".rank{rank}.json"
+                executor.park_tables = bool(options.get("park_tables"))
                 with torch_trace_case(path, trace.get("max_samples")):
                     result = executor.outcome(Case.from_axes(axes), TimingPolicy(**policy_dict))
+                if options.get("process_facts"):
+                    result.process = process_facts()
                 conn.send((result.status, result.reason, result.traceback or "", result))
                 if result.status == "failed" and any(marker in result.reason for marker in _FATAL_MARKERS):
                     break  # the process may be poisoned: let the parent start a fresh one

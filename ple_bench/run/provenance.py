@@ -118,6 +118,13 @@ def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reas
                               ceilings=meta.get("ceilings"), device=meta.get("device"), **extra)
 
 
+def note(writer: RunWriter, meta: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """Facts the run loop settles while it runs (which cases are repeated and how, the compute
+    profile it started from), merged into ``meta`` and written to ``meta.json``."""
+    meta.update(fields)
+    return writer.update_meta(**fields)
+
+
 def add_measured(writer: RunWriter, meta: dict[str, Any], *, ceilings: dict[str, Any] | None = None,
                  device: Any = None, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Facts measured on the ranks while the run goes on, merged into ``meta`` and written to

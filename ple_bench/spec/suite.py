@@ -34,6 +34,9 @@ A suite is a TOML file ``suites/<name>.toml``::
     variants = [{tp = 1, etp = 2, dp = 2}, {tp = 2, etp = 2, dp = 1}]   # optional: zipped axes
     exclude = [{impl = "device", prefetch = "on"}]                       # optional
     constraints = ["etp % tp == 0", "num_tokens * num_heads <= 65536"]  # optional
+    repeat = { processes = 4, rounds = 3 }  # optional: measure the group's cases (and their resident
+                                            # baselines) in 4 fresh worker processes, 3 randomized
+                                            # rounds each (ple_bench.run.replicate)
 
 Axes are exactly the fields of :class:`ple_bench.spec.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
@@ -155,6 +158,12 @@ class SuiteGroup:
     description: str = ""
     tags: list[str] = field(default_factory=list)
     case_ids: list[str] = field(default_factory=list)  # cases first produced by this group
+    #: (processes, rounds): the group's cases are measured in that many fresh worker processes,
+    #: that many randomized rounds in each (``repeat``; None: once, in the run's worker)
+    repeat: tuple[int, int] | None = None
+    #: the cases ``repeat`` applies to: the group's own and their resident baselines, also where
+    #: another group produced them first (a pinned step and its baseline are measured together)
+    repeated_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +184,13 @@ class Suite:
     @property
     def max_world_size(self) -> int:
         return max((c.world_size for c in self.cases), default=1)
+
+    def repeat_of(self, case_id: str) -> tuple[int, int] | None:
+        """(processes, rounds) of the first group holding ``case_id`` that repeats its cases."""
+        for group in self.groups:
+            if group.repeat and case_id in group.repeated_ids:
+                return group.repeat
+        return None
 
     def group_of(self, case_id: str) -> SuiteGroup | None:
         for group in self.groups:
@@ -227,7 +243,9 @@ def list_suites() -> list[Suite]:
     return [load_suite(p) for _, p in sorted(_suite_files().items())]
 
 
-GROUP_META_KEYS = ("name", "description", "tags", "variants", "exclude", "constraints")
+GROUP_META_KEYS = ("name", "description", "tags", "variants", "exclude", "constraints", "repeat")
+#: the keys of a group's ``repeat`` table, their bounds
+REPEAT_KEYS = {"processes": (1, 64), "rounds": (1, 64)}
 SUITE_KEYS = ("description", "notes", "gpu_only", "functional_fallback", "timing")
 TOP_KEYS = ("suite", "defaults", "group")
 
@@ -285,6 +303,8 @@ class _SuiteParser:
         groups: list[SuiteGroup] = []
         for index, raw in enumerate(groups_raw, 1):
             group, group_cases = self._group(index, raw, default_axes)
+            if group.repeat:
+                group.repeated_ids = [c.case_id for c in with_baselines(group_cases)]
             # a pinned step's resident baselines join its group (record.Peers needs them)
             for case in with_baselines(group_cases):
                 if case.case_id not in cases:
@@ -363,7 +383,8 @@ class _SuiteParser:
             raise self.fail(where, "key 'description': must be a string")
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             raise self.fail(where, "key 'tags': must be a list of strings")
-        group = SuiteGroup(name=name, description=description.strip(), tags=list(tags))
+        group = SuiteGroup(name=name, description=description.strip(), tags=list(tags),
+                           repeat=self._repeat(raw.get("repeat"), where))
 
         own = self._axes_of(raw, where, allow_meta=True)
         variants = self._variants(raw.get("variants"), where, own)
@@ -397,6 +418,22 @@ class _SuiteParser:
         if not cases:
             raise self.fail(where, "produces zero cases (every case was excluded or failed a constraint)")
         return group, cases
+
+    def _repeat(self, raw: Any, where: str) -> tuple[int, int] | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise self.fail(where, "key 'repeat': must be a table, e.g. repeat = { processes = 4, rounds = 3 }")
+        for key in raw:
+            if key not in REPEAT_KEYS:
+                raise self.fail(where, f"key 'repeat.{key}': unknown; allowed: {', '.join(REPEAT_KEYS)}")
+        out = []
+        for key, (lo, hi) in REPEAT_KEYS.items():
+            value = raw.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                raise self.fail(where, f"key 'repeat.{key}': {value!r}; allowed: an integer in [{lo}, {hi}]")
+            out.append(value)
+        return (out[0], out[1])
 
     def _variants(self, raw: Any, where: str, own: dict[str, list[Any]]) -> list[dict[str, Any]]:
         if raw is None:
