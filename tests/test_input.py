@@ -72,6 +72,14 @@ def test_report_of_an_empty_records_file_warns(run_dir, tmp_path, capsys):
     assert "holds no records" in err
 
 
+def test_compare_prints_its_answer_first_and_once(tmp_path, capsys):
+    base, cand = write_gpu_run(tmp_path / "a", seed=1), write_gpu_run(tmp_path / "b", seed=2)
+    assert main(["compare", str(base), str(cand), "--reports-dir", str(tmp_path / "rep")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("PASS") and "cases compared" in lines[0]
+    assert sum("cases compared" in line for line in lines) == 1
+
+
 def test_compare_does_not_call_an_unreadable_case_only_in_baseline(tmp_path, capsys):
     base = write_gpu_run(tmp_path / "a")
     cand = write_gpu_run(tmp_path / "b")

@@ -76,10 +76,13 @@ def run_compare(args: argparse.Namespace) -> int:
     except (BadRunError, ValueError) as exc:
         print(f"ple_bench compare: {exc}", file=sys.stderr)
         return 2
+    answer = result.summary()
+    print(answer)  # the answer first: PASS / FAIL and its counts, then what it rests on
     for label, side in (("baseline ", result.baselines), ("candidate", result.candidates)):
         for run in side:
             print(f"{label} {run.run_id}  ({run.path})")
-    print(format_table(result, show_all=getattr(args, "all", False)))
+    table = format_table(result, show_all=getattr(args, "all", False)).splitlines()
+    print("\n".join(table[:-1] if table and table[-1] == answer else table))  # said once, at the top
     out = args.out or Path(args.reports_dir) / default_html_name(result)
     try:
         print(f"HTML diff: {write_compare_html(result, out)}")
