@@ -222,3 +222,34 @@ def test_the_report_names_the_cases_a_run_did_not_reach(run_dir, tmp_path):
     assert f"of {len(ids) + 2} cases measured" in page and "2 not reached" in page
     assert "large (2)" in page and all(m in page for m in missing)
     assert f"--resume {run_dir}" in page
+
+
+def test_list_wide_without_a_suite_exits_2_naming_the_flags(capsys):
+    assert main(["list", "--wide"]) == 2
+    err = capsys.readouterr().err
+    assert "--wide" in err and "--suite" in err
+
+
+def test_the_suite_list_aligns_its_columns_and_states_each_count_once_and_right(capsys):
+    import re
+
+    from ple_bench.spec.suite import list_suites
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    counts = {s.name: len(s.cases) for s in list_suites()}
+    assert len(lines) == len(counts)
+    assert len({line.index(" cases  ") for line in lines}) == 1  # one column, whatever the name's length
+    for line in lines:
+        name = line.split()[0]
+        stated = [int(n) for n in re.findall(r"(\d+) cases", line)]
+        assert stated == [counts[name]], line  # nightly's description said "about 20 cases" beside its 26
+
+
+def test_schema_help_points_to_a_file_that_exists(capsys):
+    from ple_bench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "verb")
+    text = sub.choices["schema"].format_help() + " ".join(a.help or "" for a in sub._choices_actions)
+    assert "README's record section" not in text
+    assert "docs/schema.md" in text and (Path(__file__).resolve().parents[1] / "docs" / "schema.md").is_file()
