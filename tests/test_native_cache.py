@@ -103,14 +103,14 @@ def test_a_stale_torch_lock_does_not_hang_the_next_load():
 
 def test_a_run_builds_the_native_gather_before_its_first_case_not_inside_a_case_timeout(monkeypatch):
     from ple_bench.backends.cuda import native
-    from ple_bench.run import loop
+    from ple_bench.run import dispatch
     from ple_bench.spec.suite import load_suite
 
     built = []
     monkeypatch.setattr(native, "build_before_cases", lambda: built.append(1) or "native")
     cases = load_suite("smoke").cases
     device = [c for c in cases if c.impl == "device"]
-    loop._build_native_first(device, "functional", None, True)
+    dispatch.build_native_first(device, "functional", None, True)
     assert built == []  # no host-gather path, no GPU ceiling: nothing to build
-    loop._build_native_first(device + [c for c in cases if c.impl == "pinned_cpu_gather"], "functional", None, True)
+    dispatch.build_native_first(device + [c for c in cases if c.impl == "pinned_cpu_gather"], "functional", None, True)
     assert built == [1]

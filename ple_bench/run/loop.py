@@ -24,7 +24,7 @@ from ..record import Peers, RunContext
 from ..results import RunWriter, load_records, new_run_id, not_reached
 from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
 from . import provenance
-from .dispatch import CaseDispatcher
+from .dispatch import CaseDispatcher, build_native_first
 from .step import seed_calibration
 
 
@@ -188,28 +188,6 @@ def _interrupted_text(run_dir: Path, options: RunOptions) -> str:
     return text + (f"; continue with: {command}" if command else "")
 
 
-def _gathers_on_host(impl: str) -> bool:
-    from ..backends.registry import get_backend  # noqa: PLC0415  (torch: the run's own process measures)
-
-    try:
-        return bool(get_backend(impl).gathers_on_host)
-    except (ImportError, ValueError):  # its case says why when it runs
-        return False
-
-
-def _build_native_first(todo: list[Case], mode: str, progress, quiet: bool) -> None:
-    """Build the native host gather before the first case that uses it (a host-gather path, or a
-    GPU run's host-gather ceiling), so that its first build (about a minute of one core) is not
-    timed against a case's ``--case-timeout``, and a case timeout never kills a build midway."""
-    if not any(mode == "gpu" or _gathers_on_host(c.impl) for c in todo):
-        return
-    from ..backends.cuda.native import build_before_cases  # noqa: PLC0415
-
-    status = build_before_cases()
-    if not quiet and status != "native":
-        progress.write(f"the native host gather is not available ({status}): the host paths run in Python")
-
-
 def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) -> RunSummary:
     """Run ``cases`` of ``suite``; everything measured is on disk as it finishes."""
     if options.resume:
@@ -235,7 +213,7 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     if not options.quiet:
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
-    _build_native_first(todo, mode, progress, options.quiet)
+    build_native_first(todo, mode, progress, options.quiet)
     executor = CaseDispatcher(options, meta, writer)
 
     # the run's meta.json (its ceilings grow as they are measured) and its records so far (overlap
