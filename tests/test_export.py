@@ -156,7 +156,7 @@ def _markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
 def test_report_writes_summary_md_and_csv_that_read_back(tmp_path, capsys):
     import pandas as pd
 
-    from ple_bench.report import report_main
+    from ple_bench.commands.report import report_main
     from ple_bench.report.data import fmt, fmt_bytes
 
     run = write_gpu_run(tmp_path / "results")

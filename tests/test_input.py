@@ -47,6 +47,39 @@ def test_a_corrupt_line_is_named_by_every_reader(run_dir, capsys):
     assert [(x.line, x.case_id) for x in found] == [(4, lost)]
 
 
+def test_report_of_a_corrupt_line_says_so_on_the_page_and_exits_2(run_dir, tmp_path, capsys):
+    lines = _lines(run_dir)
+    lost = _case(lines[3])
+    lines[3] = lines[3][:40] + "\x00garbage" + lines[3][60:]
+    (run_dir / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(run_dir), "--reports-dir", str(tmp_path / "rep")]) == 2
+    out, err = capsys.readouterr()
+    page = Path(out.strip().splitlines()[-1]).read_text()  # the page is still written
+    assert 'id="unreadable-lines"' in page and "line 4 (case" in page and lost in page
+    assert "could not be read (line 4)" in page  # in the status finding too, not only "not reached"
+    assert f"of {run_dir / 'records.jsonl'} could not be read (line 4)" in err
+
+
+def test_report_of_an_empty_records_file_warns(run_dir, tmp_path, capsys):
+    meta = json.loads((run_dir / "meta.json").read_text())
+    meta["expected_cases"] = {"sweep": [_case(line) for line in _lines(run_dir)]}
+    (run_dir / "meta.json").write_text(json.dumps(meta))
+    (run_dir / "records.jsonl").write_text("")
+    assert main(["report", str(run_dir), "--reports-dir", str(tmp_path / "rep")]) == 0
+    out, err = capsys.readouterr()
+    page = Path(out.strip().splitlines()[-1]).read_text()
+    assert 'id="no-records"' in page and "The run holds no records" in page
+    assert "holds no records" in err
+
+
+def test_compare_prints_its_answer_first_and_once(tmp_path, capsys):
+    base, cand = write_gpu_run(tmp_path / "a", seed=1), write_gpu_run(tmp_path / "b", seed=2)
+    assert main(["compare", str(base), str(cand), "--reports-dir", str(tmp_path / "rep")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("PASS") and "cases compared" in lines[0]
+    assert sum("cases compared" in line for line in lines) == 1
+
+
 def test_compare_does_not_call_an_unreadable_case_only_in_baseline(tmp_path, capsys):
     base = write_gpu_run(tmp_path / "a")
     cand = write_gpu_run(tmp_path / "b")
@@ -111,6 +144,19 @@ def test_an_unwritable_output_folder_exits_2_before_any_case(tmp_path, flag, cap
     assert not list(results.iter_run_dirs(tmp_path / "res"))  # no run was started
 
 
+@pytest.mark.parametrize("flag", ["--out", "--reports-dir", "--markdown"])
+def test_compare_into_an_unwritable_place_exits_2_naming_the_flag(run_dir, tmp_path, flag, capsys):
+    """As report does: a nightly gate must not read "no regression" from a page never written."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    target = blocker / "sub" / ("c.html" if flag != "--reports-dir" else "")
+    argv = ["compare", str(run_dir), str(run_dir), "--reports-dir", str(tmp_path / "rep"), flag, str(target)]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert f"{flag} {blocker / 'sub'}: not a writable folder" in err
+    assert "HTML diff:" not in out
+
+
 @pytest.mark.parametrize("argv", [["run", "--suite", "smoke", "--samples", "0"],
                                   ["profile", "--suite", "smoke", "--case", "lookup.device.v4096.d64.bf16.h4.t16-83da397d",
                                    "--samples", "0", "--dry-run"]])
@@ -118,6 +164,13 @@ def test_samples_below_one_exits_2_naming_the_flag(argv, tmp_path, capsys):
     assert main(argv + ["--results-dir", str(tmp_path / "res")]) == 2
     assert "--samples 0" in capsys.readouterr().err
     assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1"])
+def test_a_case_timeout_not_above_zero_exits_2_naming_the_flag(seconds, tmp_path, capsys):
+    assert main(["run", "--suite", "smoke", "--case-timeout", seconds, "--results-dir", str(tmp_path / "res")]) == 2
+    assert f"--case-timeout {seconds}" in capsys.readouterr().err
+    assert not (tmp_path / "res").exists()  # no case ran
 
 
 def test_resume_with_another_suite_is_refused(tmp_path, capsys):
@@ -169,3 +222,34 @@ def test_the_report_names_the_cases_a_run_did_not_reach(run_dir, tmp_path):
     assert f"of {len(ids) + 2} cases measured" in page and "2 not reached" in page
     assert "large (2)" in page and all(m in page for m in missing)
     assert f"--resume {run_dir}" in page
+
+
+def test_list_wide_without_a_suite_exits_2_naming_the_flags(capsys):
+    assert main(["list", "--wide"]) == 2
+    err = capsys.readouterr().err
+    assert "--wide" in err and "--suite" in err
+
+
+def test_the_suite_list_aligns_its_columns_and_states_each_count_once_and_right(capsys):
+    import re
+
+    from ple_bench.spec.suite import list_suites
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    counts = {s.name: len(s.cases) for s in list_suites()}
+    assert len(lines) == len(counts)
+    assert len({line.index(" cases  ") for line in lines}) == 1  # one column, whatever the name's length
+    for line in lines:
+        name = line.split()[0]
+        stated = [int(n) for n in re.findall(r"(\d+) cases", line)]
+        assert stated == [counts[name]], line  # nightly's description said "about 20 cases" beside its 26
+
+
+def test_schema_help_points_to_a_file_that_exists(capsys):
+    from ple_bench.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "verb")
+    text = sub.choices["schema"].format_help() + " ".join(a.help or "" for a in sub._choices_actions)
+    assert "README's record section" not in text
+    assert "docs/schema.md" in text and (Path(__file__).resolve().parents[1] / "docs" / "schema.md").is_file()

@@ -127,7 +127,8 @@ def test_report_into_an_unwritable_reports_dir_exits_2_naming_it(tmp_path, capsy
     assert str(blocker / "reports") in err and "Traceback" not in err
 
 
-def test_compare_keeps_its_exit_code_and_prints_its_verdict_when_its_page_cannot_be_written(tmp_path, capsys):
+def test_compare_exits_2_before_any_verdict_when_its_page_cannot_be_written(tmp_path, capsys):
+    """As report does: a nightly gate must not read "no regression" from a page that was never written."""
     run = _planted(tmp_path / "results")
     copy = tmp_path / "results" / "copy"
     shutil.copytree(run, copy)
@@ -135,8 +136,8 @@ def test_compare_keeps_its_exit_code_and_prints_its_verdict_when_its_page_cannot
     blocker.write_text("not a folder")
     out_path = blocker / "page.html"
     code, out, err = _cli(capsys, "compare", str(run), str(copy), "--out", str(out_path))
-    assert code == 0 and "PASS" in out and "offload verdict, baseline" in out
-    assert "warning" in err and str(out_path) in err
+    assert code == 2 and "PASS" not in out
+    assert f"--out {blocker}: not a writable folder" in err
 
 
 def test_the_compare_page_is_named_after_the_run_folders(tmp_path, capsys):
@@ -155,7 +156,7 @@ def test_a_corrupt_records_line_is_named_once_with_its_position(tmp_path, capsys
     lines[2] = lines[2][: len(lines[2]) // 2]  # a torn line
     (run / "records.jsonl").write_text("\n".join(lines) + "\n")
     code, out, err = _cli(capsys, "report", str(run), "--reports-dir", str(tmp_path / "reports"))
-    assert code == 0
+    assert code == 2  # bad input: the page is written, naming the line; the exit says it is not whole
     named = [line for line in err.splitlines() if "records.jsonl:3:" in line]
     assert len(named) == 1 and "not valid JSON" in named[0], err
     copy = tmp_path / "results" / "copy"

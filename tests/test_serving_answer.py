@@ -11,7 +11,7 @@ from ple_bench.advise.serving import ServingAsk, served_capacity
 from ple_bench.cli import main
 from ple_bench.results import load_records
 from ple_bench.serving.models import get_model
-from ple_bench.serving.slo import Placement, Scenario, ServePoint, answer_for, serving_verdict
+from ple_bench.serving.slo import SUMMARY_HEADERS, Placement, Scenario, ServePoint, answer_for, serving_verdict
 from tests._fake_serve import law_step_ms, serve_records, write_decoder_run, write_serve_run
 
 SC = Scenario("qwen3-8b", 8192, "bf16", int(47.7 * 2**30))
@@ -56,6 +56,17 @@ def test_no_point_under_the_target_gives_none_and_the_sentence_says_so():
     a = answer_for(SC, host, curve("hbm", [(5, 20.0), (10, 38.0)]), 30.0)
     assert a.verdict_at_target == "hbm"
     assert "host runs no batch under it (its smallest, 10 sequences, takes 40.0 ms)" in a.sentence()
+
+
+def test_a_target_that_does_not_bind_is_said_once_not_as_a_second_copy_of_the_answer():
+    host = curve("host", [(10, 10.0), (20, 20.0)])
+    hbm = curve("hbm", [(5, 8.0), (10, 12.0)])
+    a = answer_for(SC, host, hbm, 100.0)  # both placements run their largest batch under it
+    text = a.sentence()
+    assert "the 100.0 ms TPOT target does not bind" in text
+    assert text.count("20 sequences") == 1 and text.count("tokens/s") == 1, text
+    cells = a.summary_cells()
+    assert cells[-1] == "–" and len(cells) == len(SUMMARY_HEADERS) <= 8
 
 
 def test_both_placements_at_the_same_batch_under_the_target_are_equal():

@@ -14,6 +14,7 @@ from ..report.compare import (MIN_RUNS, P_ADJUST, RUNS_ALPHA, SAMPLES_ALPHA, com
                               format_table, write_compare_html, write_csv, write_markdown)
 from ..report.data import BadRunError
 from ..report.history import run_history
+from ..results import RunFileError, ensure_writable_dir
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -64,21 +65,30 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"ple_bench compare: {len(args.runs)} runs given without --vs: give BASE CAND, "
               "or BASE1 BASE2 ... --vs CAND1 CAND2 ... (or --history RESULTS_DIR)", file=sys.stderr)
         return 2
+    try:  # every output is checked before the comparison: a gate must not read a verdict whose page is unwritten
+        _check_outputs(args)
+    except RunFileError as exc:
+        print(f"ple_bench compare: {exc}", file=sys.stderr)
+        return 2
     try:
         result = compare_runs(baselines, candidates, threshold_pct=args.threshold, alpha=args.alpha,
                               p_adjust=args.p_adjust, strict_pooled=args.strict_pooled)
     except (BadRunError, ValueError) as exc:
         print(f"ple_bench compare: {exc}", file=sys.stderr)
         return 2
+    answer = result.summary()
+    print(answer)  # the answer first: PASS / FAIL and its counts, then what it rests on
     for label, side in (("baseline ", result.baselines), ("candidate", result.candidates)):
         for run in side:
             print(f"{label} {run.run_id}  ({run.path})")
-    print(format_table(result, show_all=getattr(args, "all", False)))
+    table = format_table(result, show_all=getattr(args, "all", False)).splitlines()
+    print("\n".join(table[:-1] if table and table[-1] == answer else table))  # said once, at the top
     out = args.out or Path(args.reports_dir) / default_html_name(result)
     try:
         print(f"HTML diff: {write_compare_html(result, out)}")
-    except OSError as exc:  # the verdict above stands: its exit code is kept
-        print(f"ple_bench compare: warning: HTML diff not written to {out}: {exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # bad input, as for report: no page, no verdict to gate on
+        print(f"ple_bench compare: cannot write the HTML diff {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         if args.markdown:
             print(f"markdown: {write_markdown(result, args.markdown)}")
@@ -92,6 +102,18 @@ def run_compare(args: argparse.Namespace) -> int:
         print("ple_bench compare: no case measured in both runs; different suites with nothing in common "
               "is not a pass", file=sys.stderr)
     return code
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """``RunFileError`` naming the flag (and folder) that cannot be written: --out's folder, else
+    --reports-dir; --markdown's and --csv's folders."""
+    if args.out:
+        ensure_writable_dir(Path(args.out).parent, "--out")
+    else:
+        ensure_writable_dir(args.reports_dir, "--reports-dir")
+    for flag, path in (("--markdown", args.markdown), ("--csv", args.csv)):
+        if path:
+            ensure_writable_dir(Path(path).parent, flag)
 
 
 def compare_main(argv: Sequence[str] | None = None) -> int:

@@ -24,11 +24,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     # suites load torch (spec -> workload, backends): imported here (see commands/__init__.py)
     from ..spec.suite import SuiteError, list_suites, load_suite
+    if args.wide and not args.suite:
+        print("error: --wide lists one suite's cases: give --suite S (the list of suites has no axes)", file=sys.stderr)
+        return EXIT_BAD_USAGE
     try:
         suites = [load_suite(args.suite)] if args.suite else list_suites()
     except SuiteError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_USAGE
+    name_width = max(len(s.name) for s in suites) if suites else 0
+    count_width = max(len(str(len(s.cases))) for s in suites) if suites else 0
     for suite in suites:
         if args.json:
             for case in suite.cases:
@@ -44,5 +49,5 @@ def main(args: argparse.Namespace) -> int:
                                           100, subsequent_indent="#   ")))
             print(format_cases_narrow(suite))
         else:
-            print(f"{suite.name:<10} {len(suite.cases):>5} cases  {suite.description}")
+            print(f"{suite.name:<{name_width}}  {len(suite.cases):>{count_width}} cases  {suite.description}")
     return 0

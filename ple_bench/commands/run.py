@@ -130,6 +130,9 @@ def main(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples < 1:
         print(f"error: --samples {args.samples}: take at least 1 sample per measurement", file=sys.stderr)
         return EXIT_BAD_USAGE
+    if not args.case_timeout > 0:  # 0, a negative or NaN: every case would "not answer" at once
+        print(f"error: --case-timeout {args.case_timeout:g}: give a case more than 0 s", file=sys.stderr)
+        return EXIT_BAD_USAGE
     if args.torch_trace is not None and args.torch_trace < 1:
         print("error: --torch-trace N needs N >= 1", file=sys.stderr)
         return EXIT_BAD_USAGE

@@ -1,4 +1,4 @@
-"""``schema``: the record schema as markdown (README's record section)."""
+"""``schema``: the record schema as markdown (docs/schema.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ..record import markdown
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("schema", help="print the record schema as markdown (README's record section)")
+    p = sub.add_parser("schema", help="print the record schema as markdown (docs/schema.md)")
     p.set_defaults(func=main)
     return p
 

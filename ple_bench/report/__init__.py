@@ -1,6 +1,7 @@
 """Reports and comparisons of stored runs (never measures).
 
-- :func:`build_report` (html.py): ``reports/<run folder name>/index.html``, self-contained.
+- :func:`build_report` (html.py): ``reports/<run folder name>/index.html``, self-contained; its command
+  line is ``ple_bench.commands.report``.
 - :func:`compare_runs` (compare/): baseline vs candidate runs (one or several a side), threshold + Mann-Whitney U;
   its command line is ``ple_bench.commands.compare``.
 - findings.py: plain-word findings; plots.py: matplotlib (Agg) PNGs inlined as base64;
@@ -10,7 +11,6 @@
 from __future__ import annotations
 
 from .compare import CaseComparison, CompareResult, compare_runs, write_compare_html
-from .html import add_report_args, build_report, report_main, run_report
+from .html import build_report, write_report
 
-__all__ = ["CaseComparison", "CompareResult", "build_report", "compare_runs", "add_report_args", "report_main",
-           "run_report", "write_compare_html"]
+__all__ = ["CaseComparison", "CompareResult", "build_report", "compare_runs", "write_compare_html", "write_report"]

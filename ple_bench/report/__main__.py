@@ -9,7 +9,7 @@ import sys
 from typing import Sequence
 
 from ..commands.compare import add_compare_args, run_compare
-from .html import add_report_args, run_report
+from ..commands.report import add_report_args, run_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

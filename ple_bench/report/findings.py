@@ -101,8 +101,9 @@ def _steps(run: Run) -> list[dict[str, Any]]:
 def status_finding(run: Run) -> list[Finding]:
     counts = status_counts(run.records)
     total = run.n_expected
-    if total == 0:
-        return [Finding("status", "The run holds no records.", "warn")]
+    if total == 0 or not run.records:
+        return [Finding("status", "The run holds no records: records.jsonl is empty"
+                                  + (f" ({total} cases expected)." if total else "."), "warn")]
     text = f"{counts['ok']} of {total} cases measured"
     rest = [f"{counts[s]} {s}" for s in ("skipped", "failed", "invalid") if counts.get(s)]
     missing = total - len(run.records)
@@ -112,6 +113,10 @@ def status_finding(run: Run) -> list[Finding]:
         text += "; " + ", ".join(rest) + " (listed under “Not measured”)"
     text += "."
     level = "warn" if counts.get("failed") or counts.get("invalid") else "info"
+    if run.lost:
+        text += (f" {len(run.lost)} line(s) of records.jsonl could not be read (line "
+                 f"{', '.join(str(x.line) for x in run.lost)}): their cases are counted as not reached.")
+        level = "warn"
     if run.meta.get("status") not in (None, "complete"):
         text += f" The run's status is “{run.meta.get('status')}”: it did not finish."
         level = "warn"

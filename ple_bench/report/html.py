@@ -6,18 +6,14 @@ earlier runs, the full sortable/filterable record table and the cases that
 were not measured with their reasons.  The page is self-contained (CSS, JS and
 images inline) and opens from disk with no network.
 
-CLI: ``python -m ple_bench report RUN_DIR [--reports-dir DIR] [--history RUN_DIR ...]
-[--history-last N]`` through :func:`add_report_args` / :func:`run_report`; it also rewrites the
-run's summaries (``summary.md``, ``summary.csv``, ``pytest-benchmark.json``: :mod:`ple_bench.report.export`).
+Its command line (``python -m ple_bench report RUN_DIR ...``) is :mod:`ple_bench.commands.report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import os
 import shlex
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -554,9 +550,14 @@ def build_report(run_dir: str | Path, reports_dir: str | Path = "reports",
                  history_dirs: Sequence[str | Path] | None = None) -> Path:
     """Write ``<reports_dir>/<run folder's name>/index.html`` for a stored run (:func:`report_dir`);
     returns its path."""
+    return write_report(load_run(run_dir), reports_dir, history_dirs)
+
+
+def write_report(run: Run, reports_dir: str | Path = "reports",
+                 history_dirs: Sequence[str | Path] | None = None) -> Path:
+    """:func:`build_report` of a loaded run (the caller reads its lost lines and records too)."""
     from .gallery import make_plots  # the plots import matplotlib: only a page with plots
 
-    run = load_run(run_dir)
     records = _sorted_records(run.records)
     columns = record_columns(records)
     not_measured = [r for r in records if r.get("status") != "ok"]
@@ -655,46 +656,4 @@ def history_runs(run_dir: str | Path, last: int) -> list[Path]:
     return [r.path for r in found[-last:]] if last > 0 else []
 
 
-# ---------------------------------------------------------------------- CLI
-
-def add_report_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("run_dir", help="a stored run: results/<run_id>")
-    parser.add_argument("--reports-dir", default="reports",
-                        help="where reports go (default: reports): <reports-dir>/<the run folder's name>/index.html")
-    parser.add_argument("--history", nargs="*", default=[], metavar="RUN_DIR",
-                        help="earlier runs for the trend section")
-    parser.add_argument("--history-last", type=int, default=0, metavar="N",
-                        help="also take the last N runs of the same suite stored beside RUN_DIR")
-    return parser
-
-
-def run_report(args: argparse.Namespace) -> int:
-    history = [Path(p) for p in (args.history or [])]
-    if getattr(args, "history_last", 0):
-        history += [p for p in history_runs(args.run_dir, args.history_last) if p not in history]
-    try:
-        path = build_report(args.run_dir, args.reports_dir, history or None)
-    except BadRunError as exc:
-        print(f"ple_bench report: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # the reports folder cannot be made or written: bad input, named
-        print(f"ple_bench report: cannot write the report into --reports-dir {args.reports_dir}: "
-              f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""), file=sys.stderr)
-        return 2
-
-    try:  # the run's summaries beside its records, as a run writes them
-        from .export import write_exports  # not at the top: `-m ple_bench.report.export` runs it as __main__
-        write_exports(args.run_dir)
-    except OSError as exc:
-        print(f"ple_bench report: warning: summaries not written: {exc}", file=sys.stderr)
-    print(path)
-    return 0
-
-
-def report_main(argv: Sequence[str] | None = None) -> int:
-    parser = add_report_args(argparse.ArgumentParser(prog="ple_bench report",
-                                                     description="HTML report of a stored run"))
-    return run_report(parser.parse_args(argv))
-
-
-__all__ = ["build_report", "add_report_args", "run_report", "report_main", "render_page", "ALL_AXES"]
+__all__ = ["build_report", "write_report", "render_page", "ALL_AXES"]

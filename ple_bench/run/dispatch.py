@@ -117,3 +117,25 @@ class CaseDispatcher:
             # ranks stuck in a collective: the next case starts in fresh workers
             self.close()
         return result
+
+
+def _gathers_on_host(impl: str) -> bool:
+    from ..backends.registry import get_backend  # noqa: PLC0415  (torch: the run's own process measures)
+
+    try:
+        return bool(get_backend(impl).gathers_on_host)
+    except (ImportError, ValueError):  # its case says why when it runs
+        return False
+
+
+def build_native_first(todo: list[Case], mode: str, progress, quiet: bool) -> None:
+    """Build the native host gather before the first case that uses it (a host-gather path, or a
+    GPU run's host-gather ceiling), so that its first build (about a minute of one core) is not
+    timed against a case's ``--case-timeout``, and a case timeout never kills a build midway."""
+    if not any(mode == "gpu" or _gathers_on_host(c.impl) for c in todo):
+        return
+    from ..backends.cuda.native import build_before_cases  # noqa: PLC0415
+
+    status = build_before_cases()
+    if not quiet and status != "native":
+        progress.write(f"the native host gather is not available ({status}): the host paths run in Python")

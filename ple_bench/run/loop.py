@@ -25,7 +25,7 @@ from ..record import Peers, RunContext
 from ..results import RunWriter, load_records, new_run_id, not_reached
 from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
 from . import machine_profile, provenance, replicate
-from .dispatch import CaseDispatcher
+from .dispatch import CaseDispatcher, build_native_first
 from .step import seed_calibration
 
 
@@ -241,11 +241,13 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     if not options.quiet:
         progress.write(f"run {run_dir.name}: {len(todo)} cases, results in {run_dir}")
     interrupted = False
+    build_native_first(todo, mode, progress, options.quiet)
     executor = CaseDispatcher(options, meta, writer)
 
     # the run's meta.json (its ceilings grow as they are measured) and its records so far (overlap
     # twins and resident baselines), for each record's derived figures
     context = RunContext(meta, Peers.of(load_records(run_dir) if done else []))
+
     def keep(case: Case, result) -> dict[str, Any]:
         progress.case_id = case.case_id
         provenance.keep_case_ceilings(result, meta, writer)

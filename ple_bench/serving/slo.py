@@ -188,7 +188,9 @@ class ServingAnswer:
         head += " → " + _verdict_words(m)
         t = self.at_target
         target = _ms(self.tpot_ms)
-        if t.host is None and t.hbm is None:
+        if t.host == m.host and t.hbm == m.hbm:  # said once: the target takes nothing away
+            tail = f"the {target} ms TPOT target does not bind (each placement runs its largest batch under it)"
+        elif t.host is None and t.hbm is None:
             tail = f"under {target} ms TPOT neither placement runs a batch (the smallest points are over it)"
         elif t.host is not None and t.hbm is not None and t.host.serve_batch == t.hbm.serve_batch:
             tail = (f"under {target} ms TPOT both run the same batch ({t.host.serve_batch}) → "
@@ -213,20 +215,23 @@ class ServingAnswer:
         return rows
 
     def summary_cells(self) -> list[str]:
-        """The scenario as one row of :data:`SUMMARY_HEADERS` (host and HBM side by side, at the
-        largest batch and under the target)."""
+        """The scenario as one row of :data:`SUMMARY_HEADERS`: host / HBM in one cell, at the largest
+        batch, then the tokens/s ratio under the target (each step's figures: summary.csv)."""
         m, t = self.at_max, self.at_target
 
-        def cells(cmp: Comparison) -> list[str]:
-            h, b = cmp.host, cmp.hbm
-            ratio = "–" if cmp.ratio is None or self.functional else _ratio(cmp.ratio)  # no verdict: no ratio
-            return [_batch_cell(h), _batch_cell(b), _tok(h.tokens_per_s) if h else "–",
-                    _tok(b.tokens_per_s) if b else "–", _ms(h.tpot_ms) if h else "–", _ms(b.tpot_ms) if b else "–",
-                    ratio]
+        def pair(h: str, b: str) -> str:
+            return f"{h} / {b}"
 
-        verdict = "no verdict (functional)" if self.functional else (
-            f"{_verdict_words(m, short=True)} / {_verdict_words(t, short=True)}")
-        return [self.scenario.label] + cells(m) + [_ms(self.tpot_ms)] + cells(t) + [verdict]
+        def ratio(cmp: Comparison) -> str:
+            return "–" if cmp.ratio is None or self.functional else _ratio(cmp.ratio)  # no verdict: no ratio
+
+        h, b = m.host, m.hbm
+        under = "–" if t.host == m.host and t.hbm == m.hbm else (
+            f"{pair(_batch_cell(t.host), _batch_cell(t.hbm))}: {ratio(t)}")
+        return [self.scenario.label, pair(_batch_cell(h), _batch_cell(b)),
+                pair(_tok(h.tokens_per_s) if h else "–", _tok(b.tokens_per_s) if b else "–"),
+                pair(_ms(h.tpot_ms) if h else "–", _ms(b.tpot_ms) if b else "–"), ratio(m),
+                _ms(self.tpot_ms), under]
 
     def to_json(self) -> dict[str, Any]:
         def point(p: ServePoint | None) -> dict[str, Any] | None:
@@ -247,10 +252,11 @@ class ServingAnswer:
 
 
 #: the columns of :meth:`ServingAnswer.summary_cells` (the report's and summary.md's answer table)
-SUMMARY_HEADERS = ("scenario", "host sequences", "HBM sequences", "host tok/s", "HBM tok/s", "host TPOT ms",
-                   "HBM TPOT ms", "host/HBM tok/s", "TPOT target ms", "host sequences under it",
-                   "HBM sequences under it", "host tok/s under it", "HBM tok/s under it", "host TPOT ms under it",
-                   "HBM TPOT ms under it", "host/HBM tok/s under it", "verdict (largest batch / under the target)")
+#: the serving summary's columns (summary.md, the report): host / HBM side by side; "under the target":
+#: the sequences each runs under the TPOT target and the tokens/s ratio there ("–": the target does
+#: not bind).  Each served step's own figures are in summary.csv and the report's step table.
+SUMMARY_HEADERS = ("scenario", "sequences host / HBM", "tok/s host / HBM", "TPOT ms host / HBM", "host/HBM tok/s",
+                   "TPOT target ms", "under the target: sequences host / HBM, host/HBM tok/s")
 
 
 # ---------------------------------------------------------------- words

@@ -12,8 +12,11 @@ Python (slower by the Python around the call: docs/lookup-paths.md)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -87,6 +90,73 @@ def _ninja_on_path() -> bool:
     return shutil.which("ninja") is not None
 
 
+#: written into the build folder once a build is whole (the build is loaded only then)
+BUILT_MARK = "ple_bench.built"
+#: our lock on the build folder: an ``flock``, which the OS drops when its owner dies
+BUILD_LOCK = "ple_bench.lock"
+#: torch's builder's own lock file (``FileBaton``): left behind by a killed builder, every later
+#: build waits for it forever
+TORCH_LOCK = "lock"
+
+
+@contextlib.contextmanager
+def _build_lock(build: Path):
+    """Hold the build folder: one builder at a time, across processes.  Unlike torch's lock file, an
+    ``flock`` is released by the OS when its owner dies (a case timeout, a kill), so a killed
+    build never blocks the next one; holding it, a torch lock file that is still there is stale."""
+    build.mkdir(parents=True, exist_ok=True)
+    fd = os.open(build / BUILD_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _drop_stale_lock(build: Path) -> None:
+    """Holding :func:`_build_lock`, before a build that has no :data:`BUILT_MARK`: torch's lock file
+    is a killed builder's (every builder holds ours first), so it goes.  What the killed build left
+    half-written ninja builds again: an output whose command never finished is not in its log."""
+    (build / TORCH_LOCK).unlink(missing_ok=True)
+
+
+def _import_built(name: str, build: Path):
+    """The whole build's module, imported from its folder (no builder, no lock: a finished build
+    is only read)."""
+    spec = importlib.util.spec_from_file_location(name, build / f"{name}.so")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module {name} in {build}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _build(name: str, build: Path) -> None:
+    """Build ``name`` into ``build`` unless a whole build is there: under :func:`_build_lock`,
+    from a clean folder, marked whole (:data:`BUILT_MARK`, written atomically) only at the end."""
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
+    if (build / BUILT_MARK).exists():
+        return
+    with _build_lock(build):
+        if (build / BUILT_MARK).exists():  # another process built it while this one waited
+            return
+        _drop_stale_lock(build)
+        cpp_extension.load(name=name, sources=[str(_source_in(build))], extra_cflags=CFLAGS,
+                           build_directory=str(build), verbose=False)
+        tmp = build / f"{BUILT_MARK}.tmp{os.getpid()}"
+        tmp.write_text(name + "\n")
+        os.replace(tmp, build / BUILT_MARK)
+
+
+def build_before_cases() -> str:
+    """Build the native host gather now, outside any case's timeout (the run calls this before its
+    first case that needs it: a first build takes about a minute of one core); returns
+    :func:`native_status`."""
+    host_gather_module()
+    return native_status()
+
+
 @functools.lru_cache(maxsize=1)
 def host_gather_module():
     """The built ``host_gather`` extension, or None (see :func:`native_status`)."""
@@ -99,14 +169,12 @@ def host_gather_module():
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         _status["host_gather"] = "no C++ compiler"
         return None
-    from torch.utils import cpp_extension  # noqa: PLC0415
-
     t0 = time.perf_counter()
     try:
         name = _module_name()
         build = build_dir(name)
-        mod = cpp_extension.load(name=name, sources=[str(_source_in(build))], extra_cflags=CFLAGS,
-                                 build_directory=str(build), verbose=False)
+        _build(name, build)
+        mod = _import_built(name, build)
     except Exception as e:  # noqa: BLE001 - any build failure leaves the Python path
         _status["host_gather"] = f"build failed: {type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
         print(f"ple_bench: the native host gather did not build ({_status['host_gather']}); "
