@@ -40,6 +40,7 @@ from ..record import resident_figures
 from ..report.verdict import (AS_FAST, EQUAL_PCT, FASTER, FUNCTIONAL_TEXT, NO_VERDICT, Entry, candidates, interval_of,
                               compute_of, is_functional, newest_verdicts, scope)
 from ..units import DTYPE_BYTES, BadValue, parse_size
+from .gpus import GpuError, get_gpu, gpu_names
 from .html import write_advice_html
 from .machine import Machine, MachineError, read_machine_file
 from .model import build_model, load_runs
@@ -529,12 +530,12 @@ def format_short(a: Advice) -> str:
 
 
 def add_advise_args(p: argparse.ArgumentParser) -> None:
-    size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--table-bytes", help="table size, e.g. 47.7GiB or 51200286720")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--table-bytes", help="table size, e.g. 47.7GiB or 51200286720 (required without --model)")
     size.add_argument("--rows", type=int, help="table rows (vocabulary)")
-    p.add_argument("--dim", type=int, required=True)
-    p.add_argument("--dtype", required=True, help="fp32 | fp16 | bf16 | fp8")
-    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--dim", type=int, help="elements per row (required without --model)")
+    p.add_argument("--dtype", help="fp32 | fp16 | bf16 | fp8 (required without --model)")
+    p.add_argument("--heads", type=int, help="rows per token (required without --model)")
     p.add_argument("--tokens", help="tokens per step, comma-separated (e.g. 64,256,512); required without --model")
     p.add_argument("--compute-us", type=float,
                    help="a matmul chain of this many microseconds between the lookup's start and its use "
@@ -562,6 +563,9 @@ def add_advise_args(p: argparse.ArgumentParser) -> None:
     mach.add_argument("--host-gather-rows-per-s", type=float, help="the host gather's row rate, rows/s")
     mach.add_argument("--sms", type=int, help="SMs the lookup kernels may use")
     mach.add_argument("--gpu-hbm-bytes", help="the GPU's HBM (the machine's; --hbm-bytes is the table's budget)")
+    mach.add_argument("--gpu", metavar="NAME",
+                      help="with --model: answer for this GPU (its memory as the card reports it, its datasheet "
+                           "figures, each with its source; ple_bench/advise/gpus.toml): " + ", ".join(gpu_names()))
     p.add_argument("--html", metavar="PATH", help="also write the answer as an HTML page")
     p.add_argument("--results-dir", default="results", help="where a self-run (no --runs) stores its run")
     p.add_argument("--measure", choices=["few", "all"], default="few",
@@ -684,6 +688,52 @@ def _size(name: str, value: Any) -> int:
         raise AdviseError(f"--{name}: {exc} (e.g. 47.7GiB, 200GB, 51200286720)") from None
 
 
+#: where advise --model reads runs when none are given (the repository's archive)
+ARCHIVE = "docs/runs"
+#: the serving suite's table (suites/serving.toml: Qwen4Exp's PLE shape), the default of advise --model
+DEFAULT_SERVING_TABLE = {"rows": 320001536, "dim": 160, "dtype": "fp8", "heads": 16}
+
+
+def _serving_table(args: argparse.Namespace, records: list[dict[str, Any]],
+                   model: str) -> tuple[int, int, str, int, str]:
+    """The table ``advise --model`` answers for: the one asked (--table-bytes/--rows, --dim, --dtype,
+    --heads); where none is asked, the table of the runs' serve records of this model (the most
+    measured), else the serving suite's; the words say which.  AdviseError naming the flag."""
+    asked = {"dim": args.dim, "dtype": args.dtype, "heads": args.heads}
+    size_given = args.table_bytes is not None or args.rows is not None
+    if not size_given and all(v is None for v in asked.values()):
+        shapes: dict[tuple, int] = {}
+        for r in records:
+            if r.get("kind") == "serve" and r.get("model") == model and r.get("status") == "ok":
+                key = (int(r.get("table_bytes") or 0), int(r.get("dim") or 0), str(r.get("dtype")),
+                       int(r.get("num_heads") or 0))
+                if all(key) and key[2] in DTYPE_BYTES:
+                    shapes[key] = shapes.get(key, 0) + 1
+        if shapes:
+            (table, dim, dtype, heads), n = max(shapes.items(), key=lambda kv: kv[1])
+            return table, dim, dtype, heads, (f"table: none asked; the runs' serve records' table, {table / 2**30:.1f} "
+                                              f"GiB of {dim} x {dtype}, {heads} heads ({n} records; --table-bytes, "
+                                              "--dim, --dtype, --heads for another)")
+        d = DEFAULT_SERVING_TABLE
+        table = d["rows"] * d["dim"] * DTYPE_BYTES[d["dtype"]]
+        return table, d["dim"], d["dtype"], d["heads"], (
+            f"table: none asked; the serving suite's, {table / 2**30:.1f} GiB of {d['dim']} x {d['dtype']}, "
+            f"{d['heads']} heads (--table-bytes, --dim, --dtype, --heads for another)")
+    missing = [f"--{k}" for k, v in asked.items() if v is None] + ([] if size_given else ["--table-bytes or --rows"])
+    if missing:
+        raise AdviseError(f"{', '.join(missing)}: give the whole table (--table-bytes or --rows, --dim, --dtype, "
+                          "--heads), or none of it for the runs' table")
+    if args.dtype not in DTYPE_BYTES:
+        raise AdviseError(f"--dtype: unknown {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    for name in ("dim", "heads"):
+        if getattr(args, name) < 1:
+            raise AdviseError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    if args.rows is not None and args.rows < 1:
+        raise AdviseError(f"--rows: the table must have at least one row, got {args.rows}")
+    table = _size("table-bytes", args.table_bytes) if args.table_bytes else args.rows * args.dim * DTYPE_BYTES[args.dtype]
+    return table, args.dim, args.dtype, args.heads, ""
+
+
 def run_model_advise(args: argparse.Namespace) -> int:
     """``advise --model``: the serving answer (:mod:`ple_bench.advise.serving`)."""
     try:
@@ -696,33 +746,39 @@ def run_model_advise(args: argparse.Namespace) -> int:
                               f"(got {args.context})")
         if args.kv_dtype not in KV_DTYPES:
             raise AdviseError(f"--kv-dtype: unknown {args.kv_dtype!r}; allowed: {', '.join(KV_DTYPES)}")
-        if args.dtype not in DTYPE_BYTES:
-            raise AdviseError(f"--dtype: unknown {args.dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
-        for name in ("dim", "heads", "etp"):
-            if getattr(args, name) < 1:
-                raise AdviseError(f"--{name}: must be >= 1, got {getattr(args, name)}")
+        gpu = get_gpu_or_exit(args.gpu) if args.gpu else None
         if args.tpot_ms is not None and args.tpot_ms <= 0:
             raise AdviseError(f"--tpot-ms: must be positive, got {args.tpot_ms}")
         if not 0 < args.gpu_memory_utilization <= 1:
             raise AdviseError(f"--gpu-memory-utilization: a share in (0, 1], got {args.gpu_memory_utilization}")
-        if args.rows is not None and args.rows < 1:
-            raise AdviseError(f"--rows: the table must have at least one row, got {args.rows}")
-        table = _size("table-bytes", args.table_bytes) if args.table_bytes else args.rows * args.dim * DTYPE_BYTES[args.dtype]
+        if args.etp < 1:
+            raise AdviseError(f"--etp: must be >= 1, got {args.etp}")
+        for flag in ("hbm_gbps", "h2d_gbps"):
+            if getattr(args, flag, None) is not None and getattr(args, flag) <= 0:
+                raise AdviseError(f"--{flag.replace('_', '-')}: must be positive, got {getattr(args, flag)}")
         if args.html:
             raise AdviseError("--html: the serving answer (--model) has no page of its own yet; the run's report "
                               "leads with it (python -m ple_bench report RUN_DIR)")
-        if not args.runs:
-            raise AdviseError("--runs: --model answers from stored runs (a serving run measures it: python -m "
-                              "ple_bench run --suite serving; a decoder run or any run with ceilings predicts it)")
-        missing = [d for d in args.runs if not (Path(d) / "meta.json").exists()]
+        runs = list(args.runs or [])
+        runs_words = ""
+        if not runs:
+            runs = sorted(str(d) for d in Path(ARCHIVE).glob("2*") if (d / "meta.json").exists())
+            if not runs:
+                raise AdviseError("--runs: --model answers from stored runs (a serving run measures it: python -m "
+                                  "ple_bench run --suite serving; then advise --model ... --runs results/RUN_DIR)")
+            runs_words = f"runs: the {len(runs)} archived runs in {ARCHIVE}/ (--runs RUN_DIR ... for yours)"
+        missing = [d for d in runs if not (Path(d) / "meta.json").exists()]
         if missing:
             raise AdviseError(f"--runs: not a run folder (no meta.json): {', '.join(missing)}")
+        records, metas = load_runs(runs)
+        table, dim, dtype, heads, table_words = _serving_table(args, records, model.name)
         ask = ServingAsk(model=model, context_len=args.context, kv_dtype=args.kv_dtype, table_bytes=table,
-                         dim=args.dim, dtype=args.dtype, heads=args.heads,
+                         dim=dim, dtype=dtype, heads=heads,
                          hbm_bytes=_size("hbm-bytes", args.hbm_bytes) if args.hbm_bytes else None,
                          host_bytes=_size("host-bytes", args.host_bytes) if args.host_bytes else None,
-                         etp=args.etp, tpot_ms=args.tpot_ms, gpu_memory_utilization=args.gpu_memory_utilization)
-        records, metas = load_runs(args.runs)
+                         etp=args.etp, tpot_ms=args.tpot_ms, gpu_memory_utilization=args.gpu_memory_utilization,
+                         gpu=gpu, hbm_read_gbps=getattr(args, "hbm_gbps", None), h2d_gbps=getattr(args, "h2d_gbps", None),
+                         table_words="; ".join(w for w in (table_words, runs_words) if w))
         advice = advise_serving(ask, records, metas, MODELS)
     except (AdviseError, ServingAdviseError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -759,12 +815,27 @@ def machine_asked(args: argparse.Namespace, measured: Machine) -> Machine:
     return m
 
 
+def get_gpu_or_exit(name: str):
+    """The preset ``--gpu NAME``; AdviseError naming the flag and listing the presets."""
+    try:
+        return get_gpu(name)
+    except GpuError as exc:
+        raise AdviseError(str(exc)) from None
+
+
 def run_advise(args: argparse.Namespace) -> int:
     if getattr(args, "model", None):
         return run_model_advise(args)
     try:
+        missing = [f for f, v in (("--table-bytes or --rows", args.table_bytes or args.rows), ("--dim", args.dim),
+                                  ("--dtype", args.dtype), ("--heads", args.heads)) if v is None]
+        if missing:
+            raise AdviseError(f"{', '.join(missing)}: required for a decode step's answer (or --model for the "
+                              "serving answer)")
         if not args.tokens:
             raise AdviseError("--tokens: give the tokens per step (e.g. 64,256,512), or --model for the serving answer")
+        if getattr(args, "gpu", None):
+            get_gpu_or_exit(args.gpu)
         def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
             try:
                 return parse_size(str(value), exact=False)
