@@ -158,3 +158,49 @@ def test_a_partial_table_and_a_bad_model_exit_2_naming_the_flag(tmp_path, capsys
     assert main(["advise", "--model", "nosuchmodel", "--context", "8192"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --model") and "qwen3-8b" in err
+
+
+# ---------------------------------------------------------------- across GPUs (scripts/gpu_error.py)
+
+def _h100_run(tmp_path, rate_gbps: float):
+    from tests._fake_serve import serve_records
+    from tests._fake_runs import gpu_meta, write_run
+
+    h100 = get_gpu("h100")
+    recs = serve_records(hbm_bytes=h100.memory_bytes, rate_gbps=rate_gbps, fixed_ms=0.3, host_extra_ms=0.01)
+    meta = gpu_meta("2026-12-07T10-00-00-serve", suite="serving")
+    meta["device"] = dict(meta["device"], name="NVIDIA H100 80GB HBM3", memory_bytes=h100.memory_bytes)
+    meta["ceilings"]["hbm_read_gbps"] = 4400.0 * 3350 / 4800
+    return write_run(tmp_path / "h100", "2026-12-07T10-00-00-serve", meta, recs)
+
+
+def test_the_h100_is_predicted_from_h200_runs_alone_by_the_carried_terms(tmp_path):
+    from ple_bench.advise.cross_gpu import by_gpu, serve_markdown, serve_rows
+    from ple_bench.advise.model import load_runs
+
+    h200 = write_serve_run(tmp_path / "h200", rate_gbps=4000.0, fixed_ms=0.3, host_extra_ms=0.01)
+    h100 = _h100_run(tmp_path, rate_gbps=4000.0 * 3350 / 4800)  # the same share of the datasheet peak
+    groups = by_gpu(*load_runs([h200, h100]))
+    assert set(groups) == {"NVIDIA H200", "NVIDIA H100 80GB HBM3"}
+    rows = serve_rows(groups["NVIDIA H200"], groups["NVIDIA H100 80GB HBM3"])
+    assert sorted((r.placement, r.context) for r in rows) == sorted(
+        (p, c) for p in ("host", "hbm") for c in (2048, 8192, 32768))
+    for r in rows:
+        assert r.predicted_batch == r.measured_batch  # the capacity rule on the card's reported memory
+        assert abs(r.err("tpot")) < 1.0 and abs(r.err("tps")) < 1.0, r
+    # and the other way
+    back = serve_rows(groups["NVIDIA H100 80GB HBM3"], groups["NVIDIA H200"])
+    assert back and all(abs(r.err("tps")) < 1.0 for r in back)
+    assert "| 2 K | host |" in serve_markdown(rows, "H200", "H100")
+
+
+def test_gpu_error_script_needs_two_gpus(tmp_path, capsys):
+    import runpy
+
+    h200 = write_serve_run(tmp_path / "h200")
+    mod = runpy.run_path("scripts/gpu_error.py", run_name="not_main")
+    assert mod["main"]([str(h200)]) == 2
+    assert "one GPU" in capsys.readouterr().err
+    assert mod["main"]([str(h200), str(_h100_run(tmp_path, 2800.0)), "--no-steps"]) == 0
+    out = capsys.readouterr().out
+    assert "### The NVIDIA H100 80GB HBM3 from the NVIDIA H200" in out and "tok/s: median" in out
