@@ -204,3 +204,25 @@ def test_gpu_error_script_needs_two_gpus(tmp_path, capsys):
     assert mod["main"]([str(h200), str(_h100_run(tmp_path, 2800.0)), "--no-steps"]) == 0
     out = capsys.readouterr().out
     assert "### The NVIDIA H100 80GB HBM3 from the NVIDIA H200" in out and "tok/s: median" in out
+
+
+# ---------------------------------------------------------------- issue 43, defect 6
+
+def test_the_best_pinned_sentence_names_the_row_it_quotes():
+    import re
+
+    from ple_bench.advise.what_if import ModelOption, _decide
+
+    def opt(placement, path, step, over, checked=True, graph="full"):
+        return ModelOption(placement, path, True, "host", graph, step, over, "predicted", "", None, None, True,
+                           timer="host_sync", checked=checked, baseline_step_ms=0.200 if over is not None else None)
+
+    rows = [opt("HBM", "device", 0.200, None), opt("pinned host", "pinned_host_graph", 0.200, 0.0, checked=False),
+            opt("pinned host", "pinned_host_flag", 0.220, 10.0),
+            opt("pinned host", "pinned_host_graph", 0.216, 8.0, graph="eager")]
+    choice, text, _ = _decide(rows, 47.7)
+    assert choice == "HBM"
+    n = int(re.search(r"pinned row \(#(\d+) ", text).group(1))
+    quoted = rows[n - 1]
+    assert quoted.path in text and f"{quoted.overhead_pct:+.0f} %" in text and quoted.checked
+    assert "best checked pinned row" in text  # a better unchecked row exists (#2): the sentence says so
