@@ -41,7 +41,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..record import num
+from ..record import as_record, num
 from ..report.verdict import stable
 from ..serving.capacity import Capacity, batch_at as serve_batch, served_capacity as _served
 from ..serving.models import ModelPreset
@@ -180,7 +180,8 @@ def serve_samples(records: Sequence[dict[str, Any]], models: dict[str, ModelPres
         if _s(r.get("kv_source")) == "predicted":
             continue
         m = models.get(_s(r.get("model")))
-        batch, step, ctx = num(r.get("serve_batch")), num(r.get("step_ms")), num(r.get("context_len"))
+        rec = as_record(r)
+        batch, step, ctx = rec.serve_batch, rec.step_ms, rec.context_len
         if m is None or not batch or not step or not ctx:
             continue
         kv = _s(r.get("kv_dtype")) or "bf16"
@@ -216,9 +217,9 @@ def fit_samples(samples: Sequence[Sample], floor_gbps: float | None,
 
 def _decoder_model(records: Sequence[dict[str, Any]], floor_gbps: float | None,
                    exposed: dict[str, float]) -> StepModel | None:
-    pts = [(num(r.get("compute_bytes")), num(r.get("compute_ms"))) for r in records
-           if r.get("kind") == "step" and r.get("status") == "ok" and _s(r.get("mode")) != "functional"
-           and num(r.get("compute_bytes")) and num(r.get("compute_ms"))]
+    recs = [as_record(r) for r in records]
+    pts = [(r.compute_bytes, r.compute_ms) for r in recs
+           if r.kind == "step" and r.status == "ok" and r.mode != "functional" and r.compute_bytes and r.compute_ms]
     if len({b for b, _ in pts}) < 2:
         return None
     coef = bounded_fit([[1.0, b] for b, _ in pts], [t for _, t in pts])
@@ -233,7 +234,7 @@ def exposed_lookup_ms(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     host path (the lowest median over pinned impls)."""
     by_impl: dict[str, list[float]] = {}
     for r in records:
-        e = num(r.get("exposed_ms"))
+        e = as_record(r).exposed_ms
         if r.get("kind") != "step" or r.get("status") != "ok" or e is None or not stable(r):
             continue
         if _s(r.get("mode")) == "functional":
@@ -416,23 +417,22 @@ class ServingAdvice:
 
 
 def _same_shape(r: dict[str, Any], ask: ServingAsk) -> bool:
-    table = num(r.get("table_bytes"))
-    return (r.get("kind") == "serve" and _s(r.get("model")) == ask.model.name
-            and int(num(r.get("context_len")) or 0) == ask.context_len
-            and (_s(r.get("kv_dtype")) or "bf16") == ask.kv_dtype
-            and int(num(r.get("dim")) or 0) == ask.dim and _s(r.get("dtype")) == ask.dtype
-            and int(num(r.get("num_heads")) or 0) == ask.heads
-            and table is not None and abs(math.log(table / ask.table_bytes)) <= math.log(TABLE_SLACK)
-            and abs((num(r.get("gpu_memory_utilization")) or 0.90) - ask.gpu_memory_utilization) < 1e-6
-            and int(num(r.get("etp")) or 1) == 1)
+    r = as_record(r)
+    table = r.table_bytes
+    return (r.kind == "serve" and r.model == ask.model.name and r.context_len == ask.context_len
+            and (r.kv_dtype or "bf16") == ask.kv_dtype and r.dim == ask.dim and r.dtype == ask.dtype
+            and r.num_heads == ask.heads
+            and table is not None and table > 0 and abs(math.log(table / ask.table_bytes)) <= math.log(TABLE_SLACK)
+            and abs((r.gpu_memory_utilization or 0.90) - ask.gpu_memory_utilization) < 1e-6
+            and (r.etp or 1) == 1)
 
 
 def run_hbm_bytes(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]]) -> int | None:
     """The HBM of the GPU the runs measured: the serve records' ``hbm_bytes_total`` (what their
     capacity rule started from), else meta.json ``device.memory_bytes``; the largest."""
-    serve = [r for r in records if r.get("kind") == "serve" and num(r.get("hbm_bytes_total"))]
-    gpu = [r for r in serve if _s(r.get("mode")) != "functional"]
-    vals = [num(r.get("hbm_bytes_total")) for r in (gpu or serve)] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
+    serve = [r for r in map(as_record, records) if r.kind == "serve" and r.hbm_bytes_total]
+    gpu = [r for r in serve if r.mode != "functional"]
+    vals = [r.hbm_bytes_total for r in (gpu or serve)] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
                                       if isinstance(m.get("device"), dict)]
     vals = [v for v in vals if v]
     return int(max(vals)) if vals else None
@@ -461,6 +461,7 @@ def served_capacity(ask: "ServingAsk", placement: str, hbm_bytes: int, host_byte
 def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]],
                    models: dict[str, ModelPreset]) -> ServingAdvice:
     """The serving answer for ``ask`` from the runs' records (see the module's doc)."""
+    records = [as_record(r) for r in records]  # typed once: the readers below take Records
     notes: list[str] = []
     warnings: list[str] = []
     measured_hbm = run_hbm_bytes(records, metas)
@@ -560,7 +561,7 @@ def uva_ms_per_row(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, 
     not hidden (an assumption)."""
     per = []
     for r in records:
-        rows, e = num(r.get("rows")), num(r.get("exposed_ms"))
+        rows, e = as_record(r).rows, as_record(r).exposed_ms
         if (r.get("kind") == "step" and r.get("status") == "ok" and _s(r.get("impl")) == "pinned_uva"
                 and _s(r.get("mode")) != "functional" and rows and e is not None and r.get("prefetch") and stable(r)):
             per.append(max(0.0, e) / rows)
@@ -650,7 +651,9 @@ def _hbm_words(n: int) -> str:
 
 def format_serving_text(a: ServingAdvice) -> str:
     ans = a.answer
-    gpu = f" ({a.target_figures.name})" if a.target_figures is not None and a.target_figures.gpu is not None else ""
+    t, src = a.target_figures, a.source_figures
+    gpu = ("" if t is None or src is None else f" ({t.name})" if t.name != src.name
+           else f" (the rates of the runs' {src.name})")
     lines = [ans.sentence()] + [f"warning: {w}" for w in a.warnings] + ["",
              f"{ans.scenario.label}; {_hbm_words(a.hbm_bytes)} of HBM{gpu}; TPOT target {ans.tpot_ms:g} ms",
              f"  {'':<36} {'host':>16} {'HBM':>16} {'host/HBM':>9}"]
