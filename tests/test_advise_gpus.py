@@ -64,6 +64,9 @@ def test_an_unknown_gpu_exits_2_naming_the_flag_and_listing_the_presets(tmp_path
     assert main(["advise", "--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16",
                  "--tokens", "64", "--compute-us", "100", "--runs", str(run), "--gpu", "nope"]) == 2
     assert "--gpu" in capsys.readouterr().err
+    assert main(["advise", "--table-bytes", "1GiB", "--dim", "160", "--dtype", "fp8", "--heads", "16",
+                 "--tokens", "64", "--compute-us", "100", "--runs", str(run), "--gpu", "h100"]) == 2
+    assert "--gpu: answers --model" in capsys.readouterr().err  # never a flag silently ignored
 
 
 # ---------------------------------------------------------------- the step model in machine terms

@@ -248,7 +248,9 @@ def run_advise(args: argparse.Namespace) -> int:
         if not args.tokens:
             raise AdviseError("--tokens: give the tokens per step (e.g. 64,256,512), or --model for the serving answer")
         if getattr(args, "gpu", None):
-            get_gpu_or_exit(args.gpu)
+            get_gpu_or_exit(args.gpu)  # a bad name names the flag first
+            raise AdviseError("--gpu: answers --model's serving question; a decode step's answer on another "
+                              "machine takes --machine FILE or --h2d-gbps, --hbm-gbps, --sms, --gpu-hbm-bytes")
         def size(name, value):  # "47.7GiB" rounds to whole bytes here (a suite wants them exact)
             try:
                 return parse_size(str(value), exact=False)
