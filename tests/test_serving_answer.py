@@ -231,8 +231,9 @@ def test_advise_capacity_is_the_serving_suites_rule(tmp_path):
         assert ours.max_batch > 0
 
 
-def test_advise_model_bad_input_exits_2_naming_the_flag(tmp_path, capsys):
+def test_advise_model_bad_input_exits_2_naming_the_flag(tmp_path, capsys, monkeypatch):
     run = write_serve_run(tmp_path)
+    monkeypatch.chdir(tmp_path)  # no docs/runs archive here: --model without --runs has nothing to read
     assert main(["advise", "--model", "qwen9", "--context", "8192", "--table-bytes", "1GiB", "--dim", "160",
                  "--dtype", "fp8", "--heads", "16", "--runs", str(run)]) == 2
     err = capsys.readouterr().err

@@ -963,11 +963,14 @@ def machine_holdout(points: Sequence[Point], rates: Rates) -> list[LooCase]:
     return out
 
 
-def heldout_runs(points: Sequence[Point], rates: Rates, new: Sequence[Point]) -> list[LooCase]:
-    """The steps ``new`` (other runs: a shape measured after the model was fitted) predicted from a
-    model fitted on ``points`` alone -- the paths both hold; ``LooCase.shape`` is the new step's."""
+def heldout_runs(points: Sequence[Point], rates: Rates, new: Sequence[Point],
+                 machine: Machine | None = None) -> list[LooCase]:
+    """The steps ``new`` (other runs: a shape measured after the model was fitted, or another
+    machine's runs with ``machine`` its description) predicted from a model fitted on ``points``
+    alone -- the paths both hold; ``LooCase.shape`` is the new step's."""
     fits = fit(points, rates)
-    return [_case(p, _predict_point(fits[p.key], rates, p)) for p in new if p.key in fits]
+    target = machine if machine is not None and rates.machine.differs(machine) else None
+    return [_case(p, _predict_point(fits[p.key], rates, p, machine=target)) for p in new if p.key in fits]
 
 
 def machine_markdown(cases: Sequence[LooCase]) -> str:

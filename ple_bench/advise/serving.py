@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..record import num
+from ..record import as_record, num
 from ..report.verdict import stable
 from ..serving.capacity import Capacity, batch_at as serve_batch, served_capacity as _served
 from ..serving.models import ModelPreset
@@ -49,7 +49,9 @@ from ..serving.slo import (
     PLACEMENT_NAMES as PLACE, PLACEMENTS, Placement, Scenario, ServePoint, ServingAnswer, answer_for, placement_of,
 )
 from ..units import DTYPE_BYTES, format_bytes
+from .gpus import Gpu, near_card_words
 from .model import bounded_fit
+from .serve_machine import Figures, Scales, matmul_flops_per_seq, runs_figures, scales, target_figures
 
 GIB = 1 << 30
 #: a measured table within this factor of the asked one answers for it (47.7 GiB vs 51.2 GB)
@@ -57,18 +59,28 @@ TABLE_SLACK = 1.05
 #: the serving suite's batch fractions of a placement's largest batch
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 #: vLLM's setting for each placement (names as vllm/config/engram.py documents them on
-#: docs.vllm.ai/en/latest/api/vllm/config/engram/; the page names no release number)
+#: docs.vllm.ai/en/latest/api/vllm/config/engram/; the page names no release number), and the lookup path
+#: (impl) that setting runs: cpu_offload's lookup is a UVA kernel prefetched on a side stream
 ENGINE_SETTING = {
     "host": "vLLM: EngramConfig(cpu_offload=True, use_thp=True) -- the table in pinned host memory, "
             "looked up through UVA and prefetched on a side stream; use_thp backs private tables with "
             "transparent huge pages",
     "hbm": "vLLM: EngramConfig(cpu_offload=False) -- the table in GPU memory",
 }
+#: the impl each engine setting runs, and the impl ple_bench measures for the placement (the best path)
+ENGINE_IMPL = {"host": "pinned_uva", "hbm": "device"}
+MEASURED_IMPL = {"host": "pinned_host_flag", "hbm": "device"}
+#: what the posted host gather would take in a serving engine (it is no engine setting today)
+POSTED_GATHER_NEEDS = ("the posted host gather (pinned_host_flag) is no engine setting today: it would take the "
+                       "engine to compute the step's row ids on the host when it schedules the step, gather those "
+                       "rows on its own host threads into pinned staging right after launching the step's CUDA "
+                       "graph, copy them host -> device, and have the graph wait on a device flag before the layer "
+                       "that consumes them (ple_bench/backends/pinned_host_flag.py is that path)")
 ENGINE_SETTING_SOURCE = ("names from vLLM's API reference, vllm.config.engram.EngramConfig "
                          "(docs.vllm.ai/en/latest, source vllm/config/engram.py: cpu_offload: bool = True, "
                          "use_thp: bool, embedding_across_dp, dp_shared_memory); the page gives no release "
-                         "number and use_thp's default is not confirmed there. vLLM's host path is the UVA "
-                         "kernel on a side stream, not necessarily the host path measured here")
+                         "number and use_thp's default is not confirmed there. cpu_offload's lookup is the UVA "
+                         "kernel on a side stream (impl pinned_uva here), not the posted host gather")
 
 
 class ServingAdviseError(ValueError):
@@ -98,6 +110,12 @@ class StepModel:
     source: str  # how it was fitted, in words
     n_fitted: int = 0
     per_seq_ms: float = 0.0  # what each sequence costs beyond its KV bytes (its share of the matmuls' compute)
+    #: the physics floor's compute part: FLOPs per sequence over this many TFLOP/s (0: none)
+    floor_tflops: float = 0.0
+    flops_per_seq: float = 0.0
+    #: how the terms were carried to another machine, in words (empty: the runs' own)
+    carried_by: tuple[str, ...] = ()
+    scales: Scales = Scales()  # the factors applied to the runs' own terms
 
     @property
     def rate_gbps(self) -> float | None:
@@ -108,21 +126,36 @@ class StepModel:
                 + self.exposed_ms.get(placement, 0.0))
         if self.floor_gbps:
             step = max(step, nbytes / (self.floor_gbps * 1e6))
+        if self.floor_tflops and self.flops_per_seq:
+            step = max(step, batch * self.flops_per_seq / (self.floor_tflops * 1e9))
         return step
+
+    def carried(self, sc: Scales, target: Figures, flops_per_seq: float) -> "StepModel":
+        """This model on ``target``: each term times its scale (the HBM bytes, the per-sequence
+        compute, the host link's exposed lookup; the fixed launch part kept), floored at the target's
+        bytes over its HBM peak and FLOPs over its dense peak."""
+        floor = target.hbm_gbps or target.hbm_read_gbps
+        return replace(self, ms_per_byte=self.ms_per_byte * sc.hbm, per_seq_ms=self.per_seq_ms * sc.flops,
+                       exposed_ms={k: v * sc.link for k, v in self.exposed_ms.items()}, floor_gbps=floor,
+                       floor_tflops=target.bf16_tflops or 0.0, flops_per_seq=flops_per_seq,
+                       carried_by=sc.words, scales=sc, source=self.source + f"; carried to the {target.name}")
 
     def words(self) -> str:
         rate = f"{self.rate_gbps:,.0f} GB/s" if self.rate_gbps else "∞"
         extra = ", ".join(f"{k} {v:+.4f} ms" for k, v in self.exposed_ms.items() if v)
-        floor = (f"; never below the bytes at the hbm_read ceiling ({self.floor_gbps:,.0f} GB/s)"
+        floor = ((f"; never below the bytes at the target's HBM peak ({self.floor_gbps:,.0f} GB/s)" if self.carried_by
+                  else f"; never below the bytes at the hbm_read ceiling ({self.floor_gbps:,.0f} GB/s)")
                  if self.floor_gbps else "; no hbm_read ceiling in the runs: no floor")
+        floor += (f", nor below its matmul FLOPs at {self.floor_tflops:,.0f} TFLOP/s"
+                  if self.floor_tflops and self.flops_per_seq else "")
         return (f"step(batch) = {self.fixed_ms:.4f} ms + (weights + batch × context × KV bytes per token) / {rate}"
                 + (f" + batch × {self.per_seq_ms * 1e3:.2f} us" if self.per_seq_ms else "")
                 + (f" + exposed lookup ({extra})" if extra else "") + f" -- {self.source}{floor}")
 
     def to_json(self) -> dict[str, Any]:
         return {"fixed_ms": self.fixed_ms, "hbm_read_rate_gbps": self.rate_gbps, "per_seq_ms": self.per_seq_ms,
-                "exposed_ms": self.exposed_ms,
-                "floor_gbps": self.floor_gbps, "source": self.source, "n_fitted": self.n_fitted}
+                "exposed_ms": self.exposed_ms, "floor_gbps": self.floor_gbps, "floor_tflops": self.floor_tflops or None,
+                "source": self.source, "n_fitted": self.n_fitted, "carried_by": list(self.carried_by)}
 
 
 @dataclass(frozen=True)
@@ -147,7 +180,8 @@ def serve_samples(records: Sequence[dict[str, Any]], models: dict[str, ModelPres
         if _s(r.get("kv_source")) == "predicted":
             continue
         m = models.get(_s(r.get("model")))
-        batch, step, ctx = num(r.get("serve_batch")), num(r.get("step_ms")), num(r.get("context_len"))
+        rec = as_record(r)
+        batch, step, ctx = rec.serve_batch, rec.step_ms, rec.context_len
         if m is None or not batch or not step or not ctx:
             continue
         kv = _s(r.get("kv_dtype")) or "bf16"
@@ -183,9 +217,9 @@ def fit_samples(samples: Sequence[Sample], floor_gbps: float | None,
 
 def _decoder_model(records: Sequence[dict[str, Any]], floor_gbps: float | None,
                    exposed: dict[str, float]) -> StepModel | None:
-    pts = [(num(r.get("compute_bytes")), num(r.get("compute_ms"))) for r in records
-           if r.get("kind") == "step" and r.get("status") == "ok" and _s(r.get("mode")) != "functional"
-           and num(r.get("compute_bytes")) and num(r.get("compute_ms"))]
+    recs = [as_record(r) for r in records]
+    pts = [(r.compute_bytes, r.compute_ms) for r in recs
+           if r.kind == "step" and r.status == "ok" and r.mode != "functional" and r.compute_bytes and r.compute_ms]
     if len({b for b, _ in pts}) < 2:
         return None
     coef = bounded_fit([[1.0, b] for b, _ in pts], [t for _, t in pts])
@@ -200,7 +234,7 @@ def exposed_lookup_ms(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     host path (the lowest median over pinned impls)."""
     by_impl: dict[str, list[float]] = {}
     for r in records:
-        e = num(r.get("exposed_ms"))
+        e = as_record(r).exposed_ms
         if r.get("kind") != "step" or r.get("status") != "ok" or e is None or not stable(r):
             continue
         if _s(r.get("mode")) == "functional":
@@ -320,6 +354,10 @@ class ServingAsk:
     etp: int = 1
     tpot_ms: float | None = None
     gpu_memory_utilization: float = 0.90
+    gpu: Gpu | None = None  # --gpu: the card to answer for (its memory, its datasheet)
+    hbm_read_gbps: float | None = None  # --hbm-gbps: the target's achievable HBM read rate
+    h2d_gbps: float | None = None  # --h2d-gbps: the target's host -> device rate
+    table_words: str = ""  # where the table's shape came from when not asked (the model's default, the runs')
 
 
 @dataclass
@@ -331,6 +369,11 @@ class ServingAdvice:
     holdout: tuple[HoldOut, HoldOut]
     hbm_bytes: int
     notes: list[str] = field(default_factory=list)
+    source_figures: Figures | None = None  # the runs' machine
+    target_figures: Figures | None = None  # the machine answered for
+    engine: dict[str, dict[str, Any]] = field(default_factory=dict)  # placement -> the engine setting's path
+    warnings: list[str] = field(default_factory=list)  # printed under the answer (a literal HBM near a card's)
+    terms: list[str] = field(default_factory=list)  # the step model in machine terms, in words
 
     def to_json(self) -> dict[str, Any]:
         a = self.answer
@@ -361,6 +404,11 @@ class ServingAdvice:
                            for p in pl.points],
                 "engine_setting": ENGINE_SETTING[pl.placement]}
         out["engine_setting_source"] = ENGINE_SETTING_SOURCE
+        out["engine"] = self.engine
+        out["warnings"] = self.warnings
+        out["machine"] = {"runs": self.source_figures.to_json() if self.source_figures else None,
+                          "target": self.target_figures.to_json() if self.target_figures else None,
+                          "terms": self.terms}
         out["step_model"] = self.step_model.to_json() if self.step_model else None
         out["holdout"] = {"leave_one_batch_out": self.holdout[0].to_json(),
                           "leave_one_context_out": self.holdout[1].to_json()}
@@ -369,23 +417,22 @@ class ServingAdvice:
 
 
 def _same_shape(r: dict[str, Any], ask: ServingAsk) -> bool:
-    table = num(r.get("table_bytes"))
-    return (r.get("kind") == "serve" and _s(r.get("model")) == ask.model.name
-            and int(num(r.get("context_len")) or 0) == ask.context_len
-            and (_s(r.get("kv_dtype")) or "bf16") == ask.kv_dtype
-            and int(num(r.get("dim")) or 0) == ask.dim and _s(r.get("dtype")) == ask.dtype
-            and int(num(r.get("num_heads")) or 0) == ask.heads
-            and table is not None and abs(math.log(table / ask.table_bytes)) <= math.log(TABLE_SLACK)
-            and abs((num(r.get("gpu_memory_utilization")) or 0.90) - ask.gpu_memory_utilization) < 1e-6
-            and int(num(r.get("etp")) or 1) == 1)
+    r = as_record(r)
+    table = r.table_bytes
+    return (r.kind == "serve" and r.model == ask.model.name and r.context_len == ask.context_len
+            and (r.kv_dtype or "bf16") == ask.kv_dtype and r.dim == ask.dim and r.dtype == ask.dtype
+            and r.num_heads == ask.heads
+            and table is not None and table > 0 and abs(math.log(table / ask.table_bytes)) <= math.log(TABLE_SLACK)
+            and abs((r.gpu_memory_utilization or 0.90) - ask.gpu_memory_utilization) < 1e-6
+            and (r.etp or 1) == 1)
 
 
 def run_hbm_bytes(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]]) -> int | None:
     """The HBM of the GPU the runs measured: the serve records' ``hbm_bytes_total`` (what their
     capacity rule started from), else meta.json ``device.memory_bytes``; the largest."""
-    serve = [r for r in records if r.get("kind") == "serve" and num(r.get("hbm_bytes_total"))]
-    gpu = [r for r in serve if _s(r.get("mode")) != "functional"]
-    vals = [num(r.get("hbm_bytes_total")) for r in (gpu or serve)] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
+    serve = [r for r in map(as_record, records) if r.kind == "serve" and r.hbm_bytes_total]
+    gpu = [r for r in serve if r.mode != "functional"]
+    vals = [r.hbm_bytes_total for r in (gpu or serve)] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
                                       if isinstance(m.get("device"), dict)]
     vals = [v for v in vals if v]
     return int(max(vals)) if vals else None
@@ -414,19 +461,31 @@ def served_capacity(ask: "ServingAsk", placement: str, hbm_bytes: int, host_byte
 def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]],
                    models: dict[str, ModelPreset]) -> ServingAdvice:
     """The serving answer for ``ask`` from the runs' records (see the module's doc)."""
+    records = [as_record(r) for r in records]  # typed once: the readers below take Records
     notes: list[str] = []
+    warnings: list[str] = []
     measured_hbm = run_hbm_bytes(records, metas)
-    hbm = ask.hbm_bytes or measured_hbm
+    hbm = ask.hbm_bytes or (ask.gpu.memory_bytes if ask.gpu else None) or measured_hbm
     if hbm is None:
         raise ServingAdviseError("--hbm-bytes: the runs name no GPU memory (meta.json device.memory_bytes); "
-                                 "give the GPU's HBM, e.g. --hbm-bytes 80GB")
+                                 "give the GPU (--gpu h100) or its HBM (--hbm-bytes 79.6GiB)")
+    if ask.hbm_bytes is not None:
+        near = near_card_words("--hbm-bytes", ask.hbm_bytes)
+        if near:
+            warnings.append(near)
     host_bytes = ask.host_bytes or run_host_bytes(metas)
     if host_bytes is None:
         notes.append("host memory unknown (no --host-bytes, no device.host_memory_bytes in the runs): "
                      "the table is assumed to fit it")
     elif ask.host_bytes is None:
         notes.append(f"host memory: {host_bytes / GIB:.1f} GiB, the runs' machine (--host-bytes for another)")
-    same_gpu = ask.hbm_bytes is None or (measured_hbm is not None and abs(hbm - measured_hbm) <= 0.01 * hbm)
+    # the machine: the runs' (of the serve records where there are some), and the one asked for
+    serve_runs = {r.get("_run_id") for r in records if r.get("kind") == "serve"}
+    src = runs_figures([m for m in metas if m.get("run_id") in serve_runs] or list(metas))
+    tgt = target_figures(src, ask.gpu, hbm_read_gbps=ask.hbm_read_gbps, h2d_gbps=ask.h2d_gbps)
+    same_card = ask.gpu is None or (src.gpu is not None and ask.gpu.key == src.gpu.key)
+    same_gpu = (same_card and ask.hbm_read_gbps is None and ask.h2d_gbps is None
+                and (ask.hbm_bytes is None or (measured_hbm is not None and abs(hbm - measured_hbm) <= 0.01 * hbm)))
     mine = [r for r in records if _same_shape(r, ask)] if same_gpu and ask.etp == 1 else []
     functional = any(_s(r.get("mode")) == "functional" for r in mine)
     element = 4 if functional else 2  # the serve step's activation dtype: fp32 on a CPU, bf16 on a GPU
@@ -437,10 +496,18 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
         if not mine:
             raise
         step_model = None  # every row must then be measured (below)
+    sc = scales(src, tgt)
+    fitted_floor = step_model.floor_gbps if step_model else None  # the runs' own: the hold-out is on their machine
+    if step_model is not None:
+        fps = matmul_flops_per_seq(ask.model)
+        if not sc.identity:
+            step_model = step_model.carried(sc, tgt, fps)
+        elif src.bf16_tflops:
+            step_model = replace(step_model, floor_tflops=src.bf16_tflops, flops_per_seq=fps)
     samples = serve_samples(records, models)
     own = [s for s in samples if s.model == ask.model.name]
     holdout = holdout_errors(own if len({s.nbytes for s in own}) >= 3 else samples,
-                             step_model.floor_gbps if step_model else None, exposed_lookup_ms(records))
+                             fitted_floor, exposed_lookup_ms(records))
 
     curves: dict[str, Placement] = {}
     sources: dict[str, str] = {}
@@ -478,7 +545,103 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
     if functional:
         notes.append("the measured rows are of a CPU functional run: they check the code paths, no verdict")
     answer = answer_for(scenario, curves["host"], curves["hbm"], ask.tpot_ms, functional=functional)
-    return ServingAdvice(answer, caps, sources, step_model, holdout, hbm, notes)
+    if ask.table_words:
+        notes.insert(0, ask.table_words)
+    if not same_card and ask.gpu is not None:
+        notes.append(f"every row predicted for the {ask.gpu.name} from runs on the {src.name}: the assumptions "
+                     "are the step model's terms below (each figure's kind and source listed)")
+    engine = engine_paths(curves, step_model, records, metas, ask, sc, tgt)
+    terms = machine_terms(step_model, src, tgt, ask.model) if step_model is not None else []
+    return ServingAdvice(answer, caps, sources, step_model, holdout, hbm, notes, src, tgt, engine, warnings, terms)
+
+
+def uva_ms_per_row(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]]) -> tuple[float | None, str]:
+    """What one row of the UVA lookup adds to a step: the median ``exposed_ms / rows`` of the runs'
+    stable prefetched ``pinned_uva`` decode steps, else one row at the runs' pinned random-row ceiling,
+    not hidden (an assumption)."""
+    per = []
+    for r in records:
+        rows, e = as_record(r).rows, as_record(r).exposed_ms
+        if (r.get("kind") == "step" and r.get("status") == "ok" and _s(r.get("impl")) == "pinned_uva"
+                and _s(r.get("mode")) != "functional" and rows and e is not None and r.get("prefetch") and stable(r)):
+            per.append(max(0.0, e) / rows)
+    if per:
+        return statistics.median(per), f"measured: median exposed lookup per row of {len(per)} prefetched UVA decode steps"
+    rates = [num((m.get("ceilings") or {}).get("pinned_random_row_rows_per_s")) for m in metas]
+    rates = [v for v in rates if v]
+    if rates:
+        return 1e3 / statistics.median(rates), ("assumed: each row at the runs' pinned random-row ceiling, not hidden "
+                                               "(no prefetched UVA decode step in the runs)")
+    return None, "no UVA decode step and no pinned random-row ceiling in the runs"
+
+
+def engine_paths(curves: dict[str, Placement], step_model: StepModel | None, records: Sequence[dict[str, Any]],
+                 metas: Sequence[dict[str, Any]], ask: ServingAsk, sc: Scales, tgt: Figures) -> dict[str, dict[str, Any]]:
+    """Per placement: the engine setting, the lookup path it really runs, that path's tokens/s at the
+    placement's largest batch beside the best path's, and what the best path would take where it is
+    no engine setting."""
+    out: dict[str, dict[str, Any]] = {}
+    for placement in PLACEMENTS:
+        top = curves[placement].at_max
+        best_tps = top.tokens_per_s if top else None
+        e: dict[str, Any] = {"setting": ENGINE_SETTING[placement], "runs_impl": ENGINE_IMPL[placement],
+                             "best_impl": MEASURED_IMPL[placement], "best_tokens_per_s": best_tps,
+                             "tokens_per_s": best_tps, "step_ms": top.step_ms if top else None,
+                             "serve_batch": top.serve_batch if top else 0, "source": top.source if top else "",
+                             "best_is_engine_setting": ENGINE_IMPL[placement] == MEASURED_IMPL[placement]}
+        if placement == "host" and top is not None:
+            per_row, how = uva_ms_per_row(records, metas)
+            rows = top.serve_batch * ask.heads
+            if per_row is None:
+                e.update(tokens_per_s=None, step_ms=None, source=how)
+            else:
+                row_bytes = ask.dim * DTYPE_BYTES[ask.dtype]
+                lookup = rows * per_row * sc.link
+                if tgt.h2d_gbps:  # no row moves faster than its bytes (at least a sector) over the link
+                    lookup = max(lookup, rows * max(row_bytes, 64) / (tgt.h2d_gbps * 1e6))
+                own = step_model.exposed_ms.get("host", 0.0) if step_model else 0.0
+                step = top.step_ms - own + lookup
+                e.update(step_ms=step, tokens_per_s=top.serve_batch / step * 1e3,
+                         source=f"predicted: the host step with the UVA lookup's {lookup:.3f} ms for {rows} rows "
+                                f"in place of the posted gather's {own:+.3f} ms ({how})")
+        if placement == "host":
+            e["what_it_would_take"] = POSTED_GATHER_NEEDS
+        out[placement] = e
+    return out
+
+
+def machine_terms(m: StepModel, src: Figures, tgt: Figures, model: ModelPreset) -> list[str]:
+    """The step model's terms, each over the figure that binds it, with the share achieved."""
+    lines = []
+    rate = m.rate_gbps
+    fitted = rate * m.scales.hbm if rate else None
+    if fitted:
+        share = [f"{100 * fitted / src.hbm_gbps:.1f} % of the {src.name}'s {src.hbm_gbps:,.0f} GB/s datasheet peak"
+                 if src.hbm_gbps else "",
+                 f"{100 * fitted / src.hbm_read_gbps:.1f} % of its measured {src.hbm_read_gbps:,.0f} GB/s read ceiling"
+                 if src.hbm_read_gbps else ""]
+        lines.append(f"weights + KV bytes / achievable HBM: fitted {fitted:,.0f} GB/s on the runs' machine ("
+                     + "; ".join(x for x in share if x) + f") -> {rate:,.0f} GB/s on the {tgt.name}")
+    fps = matmul_flops_per_seq(model)
+    if m.per_seq_ms:
+        per_src = m.per_seq_ms / m.scales.flops
+        eff = fps / (per_src * 1e9)  # TFLOP/s
+        peak = src.bf16_tflops
+        lines.append(f"matmul FLOPs / FLOP/s: {fps / 1e9:.1f} GFLOP per sequence ({model.name}) at "
+                     f"{per_src * 1e3:.2f} us per sequence = {eff:,.0f} TFLOP/s"
+                     + (f", {100 * eff / peak:.0f} % of the {peak:,.0f} TFLOP/s dense BF16 peak"
+                        + (" (over 100 %: part of the matmuls hides under the byte stream)" if eff > peak else "")
+                        if peak else "") + f" -> {m.per_seq_ms * 1e3:.2f} us per sequence on the {tgt.name}")
+    host = m.exposed_ms.get("host")
+    if host:
+        lines.append(f"host gather rows / host link: the posted gather's exposed {host:+.4f} ms per step on the "
+                     f"{tgt.name}" + (f" ({tgt.h2d_gbps:,.1f} GB/s host -> device, {tgt.kind('h2d_gbps')})"
+                                      if tgt.h2d_gbps else ""))
+    lines.append(f"fixed launch part: {m.fixed_ms:.3f} ms (assumed the same on any GPU)")
+    lines += [f"carried: {w}" for w in m.carried_by]
+    lines.append("figures of the machine answered for:")
+    lines += [f"  {x}" for x in tgt.lines()]
+    return lines
 
 
 def _hbm_words(n: int) -> str:
@@ -488,8 +651,11 @@ def _hbm_words(n: int) -> str:
 
 def format_serving_text(a: ServingAdvice) -> str:
     ans = a.answer
-    lines = [ans.sentence(), "",
-             f"{ans.scenario.label}; {_hbm_words(a.hbm_bytes)} of HBM; TPOT target {ans.tpot_ms:g} ms",
+    t, src = a.target_figures, a.source_figures
+    gpu = ("" if t is None or src is None else f" ({t.name})" if t.name != src.name
+           else f" (the rates of the runs' {src.name})")
+    lines = [ans.sentence()] + [f"warning: {w}" for w in a.warnings] + ["",
+             f"{ans.scenario.label}; {_hbm_words(a.hbm_bytes)} of HBM{gpu}; TPOT target {ans.tpot_ms:g} ms",
              f"  {'':<36} {'host':>16} {'HBM':>16} {'host/HBM':>9}"]
     for label, host, hbm, ratio in ans.table():
         lines.append(f"  {label:<36} {host:>16} {hbm:>16} {ratio:>9}")
@@ -506,10 +672,31 @@ def format_serving_text(a: ServingAdvice) -> str:
                          + (f" ({p.case_id})" if p.case_id else ""))
     lines += ["", "step model: " + (a.step_model.words() if a.step_model else "none (every row is measured; nothing "
                                                                              "in the runs fits one)"),
-              "its error on measured serving cases it did not see: " + "; ".join(h.words() for h in a.holdout),
-              "", "the serving-engine setting that realises each placement:",
-              f"  host: {ENGINE_SETTING['host']}", f"  HBM:  {ENGINE_SETTING['hbm']}",
-              f"  ({ENGINE_SETTING_SOURCE})"]
+              "its error on measured serving cases it did not see (on the runs' machine): "
+              + "; ".join(h.words() for h in a.holdout)]
+    if a.terms:
+        lines += ["the step in machine terms (each term over the figure that binds it):"] + [f"  {t}" for t in a.terms]
+    lines += ["", "the serving-engine setting that realises each placement, and the lookup path it runs:"]
+    for p in PLACEMENTS:
+        e = a.engine.get(p)
+        lines.append(f"  {PLACE[p]}: {ENGINE_SETTING[p]}")
+        if not e:
+            continue
+        if e["best_is_engine_setting"]:
+            lines.append(f"    runs {e['runs_impl']}, the path measured here for this placement"
+                         + (f": {e['tokens_per_s']:,.0f} tok/s at {e['serve_batch']} sequences"
+                            if e["tokens_per_s"] else ""))
+        else:
+            uva = (f"{e['tokens_per_s']:,.0f} tok/s ({e['step_ms']:.2f} ms TPOT)" if e["tokens_per_s"]
+                   else "not predictable from these runs")
+            best = f"{e['best_tokens_per_s']:,.0f} tok/s" if e["best_tokens_per_s"] else "n/a"
+            if not e["serve_batch"]:
+                uva = "no sequence fits"
+            lines.append(f"    runs the UVA lookup ({e['runs_impl']}): {uva} at {e['serve_batch']} sequences, "
+                         f"beside {best} for the best path measured, the posted host gather ({e['best_impl']})")
+            lines.append(f"    ({e['source']})")
+            lines.append(f"    {e['what_it_would_take']}")
+    lines.append(f"  ({ENGINE_SETTING_SOURCE})")
     lines += [f"note: {n}" for n in a.notes]
     return "\n".join(lines)
 

@@ -188,6 +188,7 @@ def _tag(o: ModelOption) -> str:
 def _decide(options: Sequence[ModelOption], table_gib: float) -> tuple[str, str, list[ModelOption]]:
     """(choice, recommendation in words, the options that decided it: the best of each side).
     Only checked options decide (measured, or their path's own error measured) where any is."""
+    row = {id(o): i for i, o in enumerate(options, 1)}  # the row numbers the model's table prints
     options = [o for o in options if o.checked] or list(options)
     hbm = [o for o in options if o.placement == "HBM" and o.fits]
     pinned = sorted((o for o in options if o.placement != "HBM" and o.fits and o.overhead_pct is not None),
@@ -200,14 +201,18 @@ def _decide(options: Sequence[ModelOption], table_gib: float) -> tuple[str, str,
         b = pinned[0]
         why = ("the table does not fit the HBM budget" if not hbm else
                f"within {EQUAL_PCT:.0f} % of HBM — frees {table_gib:.1f} GiB of HBM")
-        return "pinned host", (f"{b.placement}: {b.path}, ids on the {b.ids_on}, {b.graph}, prefetch "
+        return "pinned host", (f"{b.placement}: #{row[id(b)]} {b.path}, ids on the {b.ids_on}, {b.graph}, prefetch "
                                f"{'on' if b.prefetch else 'off'}, {b.timer}: {b.step_ms:.3f} ms, "
                                f"{b.overhead_pct:+.0f} % over HBM ({b.baseline_step_ms:.3f} ms) ({_tag(b)}); {why}"), \
             deciding
-    txt = f"HBM: {best_hbm.path}, {best_hbm.graph}, {best_hbm.timer}, {best_hbm.step_ms:.3f} ms ({_tag(best_hbm)})"
+    txt = (f"HBM: #{row[id(best_hbm)]} {best_hbm.path}, {best_hbm.graph}, {best_hbm.timer}, {best_hbm.step_ms:.3f} ms "
+           f"({_tag(best_hbm)})")
     if pinned:
-        txt += f"; the best pinned path ({pinned[0].path}, ids on the {pinned[0].ids_on}, {pinned[0].timer}) costs " \
-               f"{pinned[0].overhead_pct:+.0f} %"
+        b = pinned[0]
+        checked = " checked" if len(options) < len(row) else ""
+        txt += (f"; the best{checked} pinned row (#{row[id(b)]} {b.path}, ids on the {b.ids_on}, {b.graph}, "
+                f"{b.timer}: {b.step_ms:.3f} ms) costs {b.overhead_pct:+.0f} % over its HBM row "
+                f"({b.baseline_step_ms:.3f} ms)")
     return "HBM", txt, deciding
 
 
