@@ -48,6 +48,11 @@ Schema versions:
   graph mode is: the fastest resident step of the workload with or without prefetch (the
   like-for-like figure keeps the step's own).  Version-5 records (one run, 2026-12-01, whose
   baseline kept the pinned step's prefetch) are derived again.
+* 7 -- repeated cases (a suite group's ``repeat``): ``processes``, ``rounds``, ``replicates`` (every
+  round's figures and where its process ran), their figures the mean over processes, and
+  ``ci_low_ms`` / ``ci_high_ms`` (and a served step's ``tokens_per_s_ci_low`` / ``_high``): the 95 %
+  interval over processes (:mod:`ple_bench.uncertainty`).  Older records are derived again (they
+  carry no replicates: no interval fields).
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from typing import Any, Iterable, Mapping
 from .spec.case import Case, has_compute
 from .units import DTYPE_BYTES
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: a lookup above this share of its ceiling says the ceiling is wrong for it (it does not
 #: bound what the lookup does), not that the lookup is fast

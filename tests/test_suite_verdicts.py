@@ -99,7 +99,9 @@ def _records(cases, shared: set[str]) -> list[dict]:
 
 def _per_token(records: list[dict]) -> dict:
     """The verdict entries at the shared keys (report/verdict.py: what every screen prints)."""
-    return {e.num_tokens: e.to_json() for e in verdicts(records)
+    # the verdict, not the other paths shown beside it (those depend on what else a suite measured)
+    return {e.num_tokens: {k: v for k, v in e.to_json().items() if k not in ("alternatives", "selected_from")}
+            for e in verdicts(records)
             if e.table_bytes == PROD_BYTES and e.compute == 200.0
             and e.ids == "uniform" and e.num_tokens in SHARED_TOKENS}
 

@@ -74,7 +74,7 @@ def test_each_token_count_gets_the_lowest_ratio_stable_pinned_step_against_its_o
 
 @pytest.mark.parametrize("lo, hi, want", [
     (0.90, 0.949, "faster"), (0.90, 0.951, "as fast"), (0.96, 1.04, "as fast"), (0.95, 1.05, "as fast"),
-    (1.00, 1.051, "slower"), (1.06, 1.10, "slower"), (0.80, 1.20, "slower")])
+    (1.00, 1.051, "undecided"), (1.06, 1.10, "slower"), (0.80, 1.20, "undecided"), (1.0501, 1.2, "slower")])
 def test_the_verdict_is_read_off_the_interval_with_the_five_percent_band(lo, hi, want):
     assert V.decide(lo, hi) == want
 

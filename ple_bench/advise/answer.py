@@ -34,7 +34,7 @@ from typing import Any
 from .compute_kind import EXAMPLES as COMPUTE_EXAMPLES
 from .compute_kind import ComputeAsk, parse_compute, records_of_compute
 from ..record import resident_figures
-from ..report.verdict import (AS_FAST, EQUAL_PCT, FASTER, NO_VERDICT, Entry, candidates, interval_of,
+from ..verdict import (AS_FAST, EQUAL_PCT, FASTER, NO_VERDICT, Entry, candidates, interval_of,
                               compute_of, newest_verdicts, scope)
 from ..units import DTYPE_BYTES
 

@@ -33,7 +33,7 @@ from ..measure import TimingPolicy
 from ..results import ensure_writable_dir
 from ..run.loop import RunOptions, run_suite
 from ..spec.suite import load_suite
-from ..report.verdict import FUNCTIONAL_TEXT
+from ..verdict import FUNCTIONAL_TEXT
 
 SUITE_HEAD = """# written by `python -m ple_bench advise` for the asked shape
 [suite]

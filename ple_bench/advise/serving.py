@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from ..record import as_record, num
-from ..report.verdict import stable
+from ..verdict import stable
 from ..serving.capacity import Capacity, batch_at as serve_batch, served_capacity as _served
 from ..serving.models import ModelPreset
 from ..serving.slo import (

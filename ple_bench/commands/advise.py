@@ -21,7 +21,7 @@ from ..advise.model import build_model, load_runs
 from ..advise.serving import ServingAdviseError, ServingAsk, advise_serving, format_serving_text
 from ..advise.what_if import WhatIf, model_advice
 from ..env import gpu_available
-from ..report.verdict import FUNCTIONAL_TEXT, NO_VERDICT, is_functional
+from ..verdict import FUNCTIONAL_TEXT, NO_VERDICT, is_functional
 from ..serving.models import KV_DTYPES, MODELS, get_model
 from ..units import DTYPE_BYTES, BadValue, parse_size
 

@@ -40,7 +40,7 @@ from ..spec.case import Case
 from .data import (
     ALL_AXES, BadRunError, Run, axis_value, fmt, fmt_bytes, load_run, samples_of, topology_label,
 )
-from .verdict import compute_label, headline, verdicts, write_verdict_json
+from ..verdict import compute_label, headline, verdicts, write_verdict_json
 
 # Scalar record fields carried along in each benchmark's extra_info: the schema's
 # (ple_bench/record.py) scalar measurement fields, lookups' and steps'.
@@ -217,7 +217,8 @@ def summary_markdown(run: Run) -> str:
         lines += ["## Verdict", ""] + verdict_markdown(run) + [""]
     lines += ["## Cases", "",
              f"suite `{run.suite}`, mode {run.mode}, {len(run.records)} records; time: the median "
-             "(a step's: the step); noise: the half-width of the median's 95 % confidence interval, % of it; "
+             "(a step's: the step; a repeated case's: the mean over its processes); noise: the half-width of the "
+             "95 % confidence interval, % of the time (a repeated case's: over its processes, else within one); "
              "GB/s and % of ceiling: lookups only (`pct_of_ceiling`, against the record's `ceiling`).", "",
              "| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for r in run.records:
@@ -231,6 +232,8 @@ def summary_markdown(run: Run) -> str:
                 v = r.get(a)
                 cells.append("" if v is None else str(v) if isinstance(v, str) else fmt(v, 3))
         noise = r.noise
+        if r.ci_low_ms is not None and r.ci_high_ms is not None and r.median_ms:
+            noise = (r.ci_high_ms - r.ci_low_ms) / 2 / r.median_ms  # a repeated case: over its processes
         pct = r.pct_of_ceiling
         status = str(r.get("status"))
         if status != "ok" and r.get("reason"):

@@ -24,7 +24,7 @@ from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, pairs, points, single_rank,
     status_counts, topology,
 )
-from .verdict import verdict_lines, verdicts
+from ..verdict import verdict_lines, verdicts
 from .sections import (
     WORKLOAD_AXES, decode_steps, hit_rate, path_groups, path_of, step_config_axes,
     step_config_label, workload_label,

@@ -26,7 +26,7 @@ from .data import (
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
 from ..serving.slo import SUMMARY_HEADERS
 from .sections import decode_steps, hit_rate, path_groups, path_of, serving_answers, served_steps, step_config_axes
-from .verdict import EQUAL_PCT, entry_text, first_scope, headline, scope_label, verdicts
+from ..verdict import EQUAL_PCT, entry_text, first_scope, headline, scope_label, verdicts
 
 TEMPLATES = Path(__file__).with_name("templates")
 STATUS_ORDER = ("ok", "skipped", "failed", "invalid")

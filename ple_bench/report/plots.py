@@ -26,7 +26,7 @@ from .data import (
     topology_label,
 )
 from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
-from .verdict import EQUAL_PCT, candidates, compute_label, first_scope, key_of, scope, verdicts
+from ..verdict import EQUAL_PCT, candidates, compute_label, first_scope, key_of, scope, verdicts
 
 DPI = 96  # the advise page's inline plots
 # The report's plots: drawn for the page's full width (WIDTH_IN inches at 96 px/inch, about 1230 px)

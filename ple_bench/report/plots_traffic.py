@@ -25,7 +25,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 from .data import Run, fmt_bytes, load_run, num
 from .plots import MARKERS, PLOT_DPI, WIDTH_IN, Plot
 from .sections import hit_rate, lookups
-from .verdict import EQUAL_PCT, candidates, compute_label, compute_of, picks, scope
+from ..verdict import EQUAL_PCT, candidates, compute_label, compute_of, picks, scope
 
 HEIGHT_IN = 4.4
 

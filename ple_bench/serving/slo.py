@@ -31,9 +31,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..record import num
 from ..units import format_bytes
 
-#: a host/HBM ratio within this (in %) of 1 counts as "equal" (the lookup verdict's threshold too:
-#: :mod:`ple_bench.report.verdict` reads it here)
-EQUAL_PCT = 5.0
+#: a host/HBM ratio within this (in %) of 1 counts as "equal": the lookup verdict's band
+#: (:data:`ple_bench.verdict.EQUAL_PCT`), one threshold for both answers
+from ..verdict import EQUAL_PCT  # noqa: E402
 #: the TPOT target a report shows when none is asked (ms per output token)
 DEFAULT_TPOT_MS = 30.0
 PLACEMENTS = ("host", "hbm")

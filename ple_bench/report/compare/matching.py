@@ -12,7 +12,7 @@ from typing import Any, Sequence, Union
 from ..data import AXES, Run, case_label, load_run, measured_samples, median_or_stored, run_median, unflagged_throttled
 from .result import (FUNCTIONAL_NO_VERDICT, NO_VERDICT, NOT_COMPARABLE, TIMED_VERDICTS, UNRECORDED_TIMER, VERDICTS,
                      CaseComparison, CompareResult, device_name)
-from .stats import (MIN_RUNS, MIN_SAMPLES, P_ADJUST, RUNS_ALPHA, SAMPLES_ALPHA, change_pct, decide, holm,
+from .stats import (MIN_RUNS, MIN_SAMPLES, P_ADJUST, RUNS_ALPHA, SAMPLES_ALPHA, change_pct, decide, holm, welch_p,
                     mann_whitney_p, noise_pct, runs_needed, significant, smallest_one_sided_p)
 
 PathLike = Union[str, Path]
@@ -56,6 +56,48 @@ def compare_run_medians(bases: Sequence[dict[str, Any]], cands: Sequence[dict[st
         verdict = decide(change, p_value, threshold_pct, alpha)
     return _comparison(bases, cands, bm, cm, change, p_value, len(bmeds), len(cmeds), verdict, "runs",
                        noise_pct(bmeds), noise_pct(cmeds))
+
+
+def process_means(records: Sequence[dict[str, Any]]) -> list[float] | None:
+    """A side's observations of a repeated case: every process's mean figure over its rounds, over
+    the side's runs; None unless every record is a repeated case of two or more processes."""
+    from ...uncertainty import observations
+
+    out: list[float] = []
+    for r in records:
+        reps = r.get("replicates")
+        figure = "median_ms" if (r.get("kind") or "lookup") == "lookup" else "step_ms"
+        obs = observations(reps, figure) if isinstance(reps, list) else []
+        by_process: dict[int, list[float]] = {}
+        for o in obs:
+            by_process.setdefault(o.process, []).append(o.ms)
+        if len(by_process) < 2:
+            return None
+        out += [statistics.fmean(v) for v in by_process.values()]
+    return out or None
+
+
+def compare_processes(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str, Any]], threshold_pct: float,
+                      alpha: float) -> CaseComparison | None:
+    """One repeated case, one observation per worker process (its mean over rounds), every run of a
+    side pooled: the change of the means, a one-sided Welch test on the process means in the
+    direction of the change (decided again after Holm over the family, as run medians are).
+    Processes are the level a rerun varies at (docs/uncertainty.md), so one run a side is enough.
+    None where a side is not repeated."""
+    bp, cp = process_means(bases), process_means(cands)
+    if bp is None or cp is None:
+        return None
+    bm, cm = statistics.fmean(bp), statistics.fmean(cp)
+    change = change_pct(bm, cm)
+    if change is None:
+        return None
+    if change == 0:
+        p_value, verdict = 1.0, "same"
+    else:
+        p_value = welch_p(bp, cp, alternative="less" if change > 0 else "greater")
+        verdict = decide(change, p_value, threshold_pct, alpha)
+    return _comparison(bases, cands, bm, cm, change, p_value, len(bp), len(cp), verdict, "processes",
+                       noise_pct(bp), noise_pct(cp))
 
 
 def _comparison(bases, cands, bm, cm, change, p_value, nb, nc, verdict, basis, b_noise, c_noise) -> CaseComparison:
@@ -124,6 +166,7 @@ def compare_loaded(bases: Sequence[Run], cands: Sequence[Run], threshold_pct: fl
     _check_options(threshold_pct, alpha, p_adjust)
     bases, cands = list(bases), list(cands)
     mode = "runs" if len(bases) >= MIN_RUNS and len(cands) >= MIN_RUNS else "samples"
+    alpha_given = alpha
     if alpha is None:
         alpha = RUNS_ALPHA if mode == "runs" else SAMPLES_ALPHA
     result = CompareResult(baselines=bases, candidates=cands, threshold_pct=threshold_pct, alpha=alpha, mode=mode,
@@ -149,7 +192,10 @@ def compare_loaded(bases: Sequence[Run], cands: Sequence[Run], threshold_pct: fl
             result.broken.append({"case_id": cid, "status": bad.get("status"), "reason": bad.get("reason") or ""})
         elif b_ok and c_ok:
             unflagged += any(unflagged_throttled(r) for r in b_ok + c_ok)
-            if mode == "runs":
+            cmp = compare_processes(b_ok, c_ok, threshold_pct, RUNS_ALPHA if alpha_given is None else alpha)
+            if cmp is not None:
+                pass  # a repeated case: its processes are the observations, in every mode
+            elif mode == "runs":
                 cmp = compare_run_medians(b_ok, c_ok, threshold_pct, alpha)
             else:
                 cmp = compare_pooled(b_ok, c_ok, threshold_pct, alpha, min_samples)
@@ -161,7 +207,9 @@ def compare_loaded(bases: Sequence[Run], cands: Sequence[Run], threshold_pct: fl
             result.cases.append(cmp)
         else:
             result.not_compared.append(cid)
-    if mode == "runs":
+    if result.cases and all(c.basis == "processes" for c in result.cases) and alpha_given is None:
+        result.alpha = RUNS_ALPHA  # the family-wise rule of independent observations, as run medians
+    if mode == "runs" or any(c.basis == "processes" for c in result.cases):
         _adjust(result)
     if any(run.functional for run in bases + cands):
         result.no_verdict = FUNCTIONAL_NO_VERDICT
@@ -195,8 +243,9 @@ def _adjust(result: CompareResult) -> None:
     adjusted = holm(raw) if result.p_adjust == "holm" else raw
     for c, p_adj in zip(family, adjusted):
         c.p_adjusted = p_adj
+        alpha = result.alpha if c.basis == "runs" or result.mode == "runs" else RUNS_ALPHA
         if c.change_pct:
-            c.verdict = decide(c.change_pct, p_adj, result.threshold_pct, result.alpha)
+            c.verdict = decide(c.change_pct, p_adj, result.threshold_pct, alpha)
 
 
 def _floor_warning(result: CompareResult) -> str | None:

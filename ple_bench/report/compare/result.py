@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data import Run
-from ..verdict import headline as offload_headline
-from ..verdict import is_functional, verdicts
+from ...verdict import headline as offload_headline
+from ...verdict import is_functional, verdicts
 from .stats import MIN_RUNS
 
 NOT_COMPARABLE = "not comparable"
@@ -81,12 +81,17 @@ class CompareResult:
     @property
     def tested(self) -> list[CaseComparison]:
         """The cases in the multiplicity family: run-median cases that got a test."""
-        return [c for c in self.cases if c.basis == "runs" and c.p_value is not None
+        return [c for c in self.cases if c.basis in ("runs", "processes") and c.p_value is not None
                 and c.verdict in TIMED_VERDICTS + (NO_VERDICT,)]
 
     @property
     def basis_text(self) -> str:
         nb, nc = len(self.baselines), len(self.candidates)
+        procs = [c for c in self.cases if c.basis == "processes"]
+        if procs and len(procs) == len(self.cases):
+            adjust = f", Holm over {len(self.tested)} cases" if self.p_adjust == "holm" else ", per case"
+            return (f"process means of repeated cases ({procs[0].n_baseline} vs {procs[0].n_candidate} processes), "
+                    f"one-sided Welch t-test{adjust}")
         if self.mode == "runs":
             adjust = f", Holm over {len(self.tested)} cases" if self.p_adjust == "holm" else ", per case"
             return f"run medians of {nb} vs {nc} runs, one-sided Mann-Whitney U{adjust}"
@@ -96,12 +101,14 @@ class CompareResult:
     @property
     def advisory(self) -> bool:
         """Pooled verdicts that do not decide the exit code."""
-        return self.mode == "samples" and not self.strict_pooled
+        return (self.mode == "samples" and not self.strict_pooled
+                and not any(c.basis == "processes" for c in self.cases))
 
     @property
     def caveat(self) -> str | None:
         """What a reader must know about this comparison's p-values (pooled mode only)."""
-        return INDEPENDENCE_CAVEAT if self.mode == "samples" else None
+        pooled = any(c.basis == "samples" for c in self.cases)
+        return INDEPENDENCE_CAVEAT if self.mode == "samples" and pooled else None
 
     @property
     def advisory_text(self) -> str | None:

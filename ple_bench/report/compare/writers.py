@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from ..data import Run, fmt, varying_axes
 from ..html import Column, render_page
 from .result import NOT_COMPARABLE, STATUS, VERDICTS, CaseComparison, CompareResult, device_name
-from .stats import MIN_RUNS, MIN_SAMPLES, smallest_one_sided_p
+from .stats import RUNS_ALPHA, MIN_RUNS, MIN_SAMPLES, smallest_one_sided_p
 
 
 def _runs_tag(runs: Sequence[Run]) -> str:
@@ -30,17 +30,27 @@ def default_html_name(result: CompareResult) -> str:
 
 def rule_text(result: CompareResult) -> str:
     """The verdict rule of this comparison, in one sentence."""
+    procs = [c for c in result.cases if c.basis == "processes"]
+    lead = ""
+    if procs:
+        lead = (f"repeated cases ({len(procs)}): one observation per worker process (its mean over rounds), "
+                f"a mean change beyond {result.threshold_pct:g}% and a one-sided Welch t-test on the log process "
+                f"means, Holm-adjusted over the {len(result.tested)} tested cases (family-wise error <= "
+                f"{RUNS_ALPHA:g} unless --alpha is given)")
+        if len(procs) == len(result.cases):
+            return lead
+        lead += "; the other cases: "
     if result.mode == "runs":
         nb, nc = len(result.baselines), len(result.candidates)
         m = len(result.tested)
         adjust = (f"Holm-adjusted over the {m} tested cases (family-wise error <= {result.alpha:g}) "
                   if result.p_adjust == "holm" else "per case, unadjusted ")
-        return (f"verdict on run medians ({nb} vs {nc} runs): a change of the median of run medians beyond "
+        return lead + (f"verdict on run medians ({nb} vs {nc} runs): a change of the median of run medians beyond "
                 f"{result.threshold_pct:g}% and a one-sided exact Mann-Whitney U test on the run medians with p "
                 f"{adjust}<= {result.alpha:g} (smallest raw p {smallest_one_sided_p(nb, nc):.3g}); throttled "
                 "samples are dropped before each run's median; a case timed differently on the two sides is not "
                 "comparable")
-    return (f"verdict on pooled samples ({len(result.baselines)} vs {len(result.candidates)} "
+    return lead + (f"verdict on pooled samples ({len(result.baselines)} vs {len(result.candidates)} "
             f"run{'s' if len(result.candidates) != 1 else ''}): a median change beyond {result.threshold_pct:g}% "
             f"and a two-sided Mann-Whitney U test on the raw samples with p <= {result.alpha:g}; throttled "
             "samples are dropped from the median and the test alike; a case timed differently on the two sides "
