@@ -236,6 +236,18 @@ def components(obs: Sequence[Obs]) -> Components | None:
     return Components(pct(proc_var), pct(rounds_var), pct(samples_var), len(groups), r, mean)
 
 
+def pooled(parts: Sequence[Components]) -> Components | None:
+    """Components of several runs of one case as one: each level's variance averaged, weighted by
+    the processes each run had (the estimate a later run chooses its processes from)."""
+    parts = [c for c in parts if c is not None]
+    if not parts:
+        return None
+    w = [c.processes for c in parts]
+    avg = lambda f: math.sqrt(sum(wi * f(c) ** 2 for wi, c in zip(w, parts)) / sum(w))  # noqa: E731
+    return Components(avg(lambda c: c.processes_pct), avg(lambda c: c.rounds_pct), avg(lambda c: c.samples_pct),
+                      sum(w), min(c.rounds for c in parts), sum(wi * c.mean for wi, c in zip(w, parts)) / sum(w))
+
+
 def processes_for(comp: Components, target_half_width_pct: float, rounds: int, most: int = 16) -> int:
     """The fewest processes (2..most) whose 95 % half-width meets the target at ``rounds`` rounds
     each; ``most`` where none does."""
@@ -246,4 +258,4 @@ def processes_for(comp: Components, target_half_width_pct: float, rounds: int, m
 
 
 __all__ = ["Obs", "Interval", "Components", "observations", "point", "interval", "ratio_interval",
-           "ratio_observations", "components", "processes_for", "median_se", "CONFIDENCE"]
+           "ratio_observations", "components", "pooled", "processes_for", "median_se", "CONFIDENCE"]

@@ -55,7 +55,7 @@ import numpy as np
 
 from .record import device_resident, num
 from .results import kept_samples
-from .uncertainty import observations, ratio_interval as process_ratio_interval
+from .uncertainty import components, observations, ratio_interval as process_ratio_interval, ratio_observations
 from .units import format_bytes
 
 #: a step whose samples vary more than this (:func:`spread`) is not used for a verdict
@@ -419,6 +419,32 @@ def ratio_detail(pinned: Mapping[str, Any], base: Mapping[str, Any] | None,
     return RatioInterval(lo, hi)
 
 
+def ratio_rounds(e: "Entry", by_id: Mapping[str, Mapping[str, Any]]) -> list:
+    """The per-round ratios (:class:`ple_bench.uncertainty.Obs`) behind a verdict of repeated cases:
+    each round's pinned step over its resident figure; [] where the entry is not over processes."""
+    base = by_id.get(str(e.resident_case_id)) if e.resident_case_id else None
+    if e.pinned is None or base is None or e.resident_ms is None:
+        return []
+    figure = baseline_figure(base, e.resident_ms, e.timer, e.resident_graph)
+    reps_a, reps_b = e.pinned.get("replicates"), base.get("replicates")
+    if not figure or not isinstance(reps_a, list) or not isinstance(reps_b, list):
+        return []
+    return ratio_observations(observations(reps_a, "step_ms"), observations(reps_b, figure))
+
+
+def ratio_components(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """pinned case id -> the variance components (:func:`ple_bench.uncertainty.components`) of each
+    verdict's ratio that was measured over processes: what a machine profile keeps."""
+    records = list(records)
+    by_id = _by_id(records)
+    out = {}
+    for e in verdicts(records):
+        comp = components(ratio_rounds(e, by_id))
+        if comp is not None and e.pinned_case_id:
+            out[e.pinned_case_id] = comp
+    return out
+
+
 def interval_of(pinned: Mapping[str, Any], base: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
     """The 95 % interval of a pinned step's ratio to the resident figure it names
     (``offload_baseline_ms`` of ``base``), from both records' kept samples (within one process);
@@ -635,7 +661,7 @@ def write_verdict_json(run_dir: str | Path, records: Iterable[Mapping[str, Any]]
 
 
 __all__ = ["VERDICTS", "FASTER", "AS_FAST", "SLOWER", "NO_VERDICT", "FUNCTIONAL_TEXT", "VERDICT_FILE", "Entry",
-           "verdicts", "newest_verdicts", "interval_of", "ratio_detail", "baseline_figure", "RatioInterval", "UNDECIDED", "PRIMARY_IMPL",
+           "verdicts", "newest_verdicts", "interval_of", "ratio_detail", "baseline_figure", "ratio_rounds", "ratio_components", "RatioInterval", "UNDECIDED", "PRIMARY_IMPL",
            "PRIMARY_TEXT", "alternative_text", "decide", "ratio_interval", "resident_samples", "is_functional", "headline",
            "verdict_lines", "entry_text", "scope_label", "first_scope", "verdict_document", "write_verdict_json", "key_of",
            "STABLE_CV", "EQUAL_PCT", "spread", "stable", "Pick", "Scope", "candidates", "unstable_candidates", "scope", "picks",

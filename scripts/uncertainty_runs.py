@@ -24,21 +24,14 @@ from pathlib import Path
 
 from ple_bench.report.compare import compare_runs
 from ple_bench.results import load_records
-from ple_bench.uncertainty import components, observations, ratio_observations
-from ple_bench.verdict import baseline_figure, verdicts
+from ple_bench.uncertainty import components
+from ple_bench.verdict import ratio_rounds, verdicts
 
 
-def _pairs(records):
-    """token count -> (pinned record, resident record, resident figure) of each verdict's primary pair."""
+def _entries(records):
+    """token count -> (verdict entry, its per-round ratios) of each verdict over processes."""
     by_id = {r["case_id"]: r for r in records}
-    out = {}
-    for e in verdicts(records):
-        if e.pinned is None:
-            continue
-        base = by_id[e.resident_case_id]
-        figure = baseline_figure(base, e.resident_ms, e.timer, e.resident_graph)
-        out[e.num_tokens] = (e, e.pinned, base, figure)
-    return out
+    return {e.num_tokens: (e, ratio_rounds(e, by_id)) for e in verdicts(records) if e.pinned is not None}
 
 
 def main(argv: list[str]) -> int:
@@ -47,7 +40,7 @@ def main(argv: list[str]) -> int:
         print("give two or more run folders of one commit that repeated the same cases", file=sys.stderr)
         return 2
     loaded = {run.name: load_records(run) for run in runs}
-    pairs = {name: _pairs(recs) for name, recs in loaded.items()}
+    pairs = {name: _entries(recs) for name, recs in loaded.items()}
     tokens = sorted(set.intersection(*(set(p) for p in pairs.values())))
 
     print("## Each run's verdict and how many of the other runs' ratios its interval covers\n")
@@ -73,9 +66,7 @@ def main(argv: list[str]) -> int:
     for t in tokens:
         means = []
         for name in pairs:
-            _e, pinned, base, figure = pairs[name][t]
-            obs = ratio_observations(observations(pinned["replicates"], "step_ms"),
-                                     observations(base["replicates"], figure))
+            _e, obs = pairs[name][t]
             c = components(obs)
             means.append(statistics.fmean(o.ms for o in obs))
             if c is not None:
@@ -88,11 +79,9 @@ def main(argv: list[str]) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for name in pairs:
         for t in tokens:
-            _e, pinned, base, figure = pairs[name][t]
-            obs = ratio_observations(observations(pinned["replicates"], "step_ms"),
-                                     observations(base["replicates"], figure))
+            e, obs = pairs[name][t]
             facts = {}
-            for rep in pinned["replicates"]:
+            for rep in e.pinned["replicates"]:
                 facts.setdefault(rep["process"], rep)
             for p in sorted({o.process for o in obs}):
                 mean = statistics.fmean(o.ms for o in obs if o.process == p)

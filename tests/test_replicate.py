@@ -162,3 +162,47 @@ repeat = { processes = 2, rounds = 2 }
     assert len({e["pid"] for r in ok for e in r["replicates"]}) == 2  # two worker processes
     meta = json.loads((run_dir / "meta.json").read_text())
     assert set(meta["repeated"]) == {r["case_id"] for r in recs}
+
+
+def _group(target=None, most=None, processes=4, rounds=2):
+    from ple_bench.spec.suite import SuiteGroup
+
+    return SuiteGroup(name="pair", repeat=(processes, rounds), repeated_ids=["p", "b"], repeat_target_pct=target,
+                      repeat_most=most)
+
+
+def test_the_processes_come_from_the_machines_variance_components_where_a_target_is_set(tmp_path):
+    from ple_bench.run.loop import RunOptions, choose_processes
+    from ple_bench.uncertainty import Components
+
+    key = {"gpu": "g", "driver": "d", "torch": "t", "cuda": "c"}
+    mp.update(key, {"a": [1, 1.0]}, "run-1", tmp_path)
+    noisy = Components(processes_pct=1.0, rounds_pct=3.0, samples_pct=0.1, processes=4, rounds=2, mean=1.0)
+    mp.add_components(key, {"p": noisy.to_json()}, "run-1", tmp_path)
+    _, profile = mp.load(key, tmp_path)
+    assert choose_processes(_group(), RunOptions(), profile) == (4, "the suite's number")
+    k, why = choose_processes(_group(target=2.5, most=8), RunOptions(), profile)
+    assert k > 4 and noisy.half_width_pct(k, 2) <= 2.5 < noisy.half_width_pct(k - 1, 2) and "profile" in why
+    k, why = choose_processes(_group(target=0.5, most=6), RunOptions(), profile)
+    assert k == 6 and "falls short" in why
+    assert choose_processes(_group(target=2.5), RunOptions(processes=3), profile)[0] == 3  # the flag wins
+    assert choose_processes(_group(target=2.5), RunOptions(), None)[0] == 4  # nothing measured here yet
+    # the newest runs are kept and pooled
+    for i in range(2, 8):
+        mp.add_components(key, {"p": noisy.to_json()}, f"run-{i}", tmp_path)
+    _, profile = mp.load(key, tmp_path)
+    assert [c["run"] for c in profile["components"]["p"]] == [f"run-{i}" for i in range(3, 8)]
+    assert mp.components_of(profile, ["p", "b"])["p"].processes == 20
+
+
+def test_a_runs_ratio_components_are_read_from_its_verdicts():
+    from ple_bench.verdict import ratio_components
+    from tests._fake_runs import derive_in_order
+    from tests.test_uncertainty import _base, _rec, _repeated
+
+    base = _base(256, [[0.2, 0.2]] * 4)
+    flag = _repeated(_rec("pinned_host_flag", 256, 0.0, graph="full"),
+                     [[0.200, 0.210], [0.202, 0.208], [0.201, 0.209], [0.199, 0.211]])
+    comps = ratio_components(derive_in_order([base, flag]))
+    (comp,) = comps.values()
+    assert comp.processes == 4 and comp.rounds_pct > 2.0 and comp.processes_pct < 1.0  # rounds, not processes

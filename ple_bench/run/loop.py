@@ -19,7 +19,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .. import record
+from .. import record, verdict
+from ..uncertainty import processes_for
 from ..env import CALIBRATION_ENV, CALIBRATION_FILE
 from ..record import Peers, RunContext
 from ..results import RunWriter, load_records, new_run_id, not_reached
@@ -91,6 +92,29 @@ def order_cases(cases: list[Case]) -> list[Case]:
                 c.gather_threads, repr(c.extra),
                 c.kernel, c.num_tokens, c.kind, c.prefetch, c.case_id)
     return sorted(cases, key=key)
+
+
+def choose_processes(group, options: RunOptions, profile: dict[str, Any] | None) -> tuple[int, str]:
+    """The worker processes a repeated group runs in, and why: ``--processes``; else, where the
+    group sets ``repeat.target_pct`` and the machine profile holds variance components of its
+    cases, the fewest that meet the target for every case (at most ``repeat.most``); else the
+    suite's number."""
+    processes, rounds = group.repeat
+    rounds = options.rounds or rounds
+    if options.processes:
+        return options.processes, "--processes"
+    if group.repeat_target_pct is None:
+        return processes, "the suite's number"
+    comps = machine_profile.components_of(profile or {}, group.repeated_ids)
+    if not comps:
+        return processes, (f"the suite's number: this machine's profile holds no variance components of the "
+                           f"group yet (a target of +-{group.repeat_target_pct:g} % is read from them)")
+    k = max(processes_for(c, group.repeat_target_pct, rounds, most=group.repeat_most) for c in comps.values())
+    worst = max(c.half_width_pct(k, rounds) for c in comps.values())
+    runs = max(len((profile or {}).get("components", {}).get(cid, [])) for cid in comps)
+    return k, (f"chosen for +-{group.repeat_target_pct:g} % from the variance components of up to {runs} earlier "
+               f"runs in the machine profile: predicted +-{worst:.1f} % at {k} processes x {rounds} rounds"
+               + (f" (the most, {group.repeat_most}, falls short)" if worst > group.repeat_target_pct else ""))
 
 
 def select_cases(cases: list[Case], patterns: list[str], baselines: bool = True) -> list[Case]:
@@ -211,11 +235,11 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
     # on a GPU it starts from the machine profile (the same compute in every run of this machine)
     os.environ[CALIBRATION_ENV] = str(run_dir.resolve() / CALIBRATION_FILE)
     profile_key = machine_profile.machine_key() if mode == "gpu" and options.machine_profile else None
+    found = machine_profile.load(profile_key) if profile_key is not None else None
     if options.calibration and not options.resume:
         seed_calibration(run_dir, options.calibration)
         provenance.note(writer, meta, compute_profile={"source": "--calibration"})
     elif profile_key is not None and not options.resume:
-        found = machine_profile.load(profile_key)
         if found is not None:
             seed_calibration(run_dir, found[1]["calibration"])
         provenance.note(writer, meta, compute_profile={
@@ -224,15 +248,25 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
             "created_by": found[1].get("created_by") if found else run_dir.name})
     todo = [c for c in order_cases(cases) if c.case_id not in done]
 
+    stored = dict(meta.get("repeated") or {}) if options.resume else {}  # a resumed run keeps its own choice
+    choices = {}
+
     def repeat_of(case_id: str) -> tuple[int, int] | None:
-        setting = suite.repeat_of(case_id) if hasattr(suite, "repeat_of") else None
-        if setting is None:
+        group = suite.repeat_group(case_id) if hasattr(suite, "repeat_group") else None
+        if group is None:
             return None
-        return (options.processes or setting[0], options.rounds or setting[1])
+        if case_id in stored:
+            return tuple(stored[case_id])
+        if group.name not in choices:
+            choices[group.name] = choose_processes(group, options, found[1] if found else None)
+        return (choices[group.name][0], options.rounds or group.repeat[1])
 
     once, repeated = replicate.repeated_cases(todo, repeat_of)
     if repeated:
         provenance.note(writer, meta, repeated={c.case_id: list(repeat_of(c.case_id)) for c in repeated})
+        if choices:
+            provenance.note(writer, meta, repeat_choice={g: {"processes": k, "why": why}
+                                                         for g, (k, why) in choices.items()})
         todo = repeated + once  # first: the cases measured once find the repeated baselines among their peers
     counts = {"ok": 0, "skipped": 0, "failed": 0, "invalid": 0}
     progress = _Progress(len(todo), None if options.quiet else options.progress)
@@ -293,6 +327,12 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
             provenance.note(writer, meta, compute_profile=dict(meta.get("compute_profile") or {}, added=added))
         except (OSError, ValueError) as exc:
             print(f"warning: machine profile not updated: {exc}", file=sys.stderr)
+    if profile_key is not None and repeated and not interrupted:
+        try:
+            comps = verdict.ratio_components(load_records(run_dir))
+            machine_profile.add_components(profile_key, {k: c.to_json() for k, c in comps.items()}, run_dir.name)
+        except (OSError, ValueError) as exc:
+            print(f"warning: variance components not kept in the machine profile: {exc}", file=sys.stderr)
     status = "interrupted" if interrupted else "aborted" if executor.abort_reason else "complete"
     meta = provenance.finish_meta(writer, meta, status, executor.abort_reason)
     summary = RunSummary(run_dir=run_dir, counts=counts, interrupted=interrupted,

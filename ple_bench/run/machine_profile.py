@@ -11,7 +11,12 @@ which run), and a run adds the calibrations the profile lacked.
 The profile lives in ``$PLE_BENCH_PROFILE_DIR`` (default ``~/.cache/ple_bench/machine``), one JSON
 file per machine key: ``{"key": {...}, "calibration": {...}, "created_by": RUN_ID, "created_at":
 ISO, "updated_by": [...]}``.  ``run --calibration FILE`` overrides it; ``run --fresh-calibration``
-ignores it (and does not write it)."""
+ignores it (and does not write it).
+
+It keeps the variance components of each repeated case's verdict ratio too (``"components"``: the
+newest runs' levels, :mod:`ple_bench.uncertainty`): a group with ``repeat.target_pct`` takes as many
+processes as they say its target half-width needs (at most ``repeat.most``); the first run on a
+machine takes the suite's number."""
 
 from __future__ import annotations
 
@@ -100,4 +105,43 @@ def update(key: Mapping[str, str], calibration: Mapping[str, list], run_id: str,
     return path, added
 
 
-__all__ = ["PROFILE_DIR_ENV", "profile_dir", "machine_key", "profile_path", "load", "update"]
+#: the runs' variance components a profile keeps per case (the newest)
+COMPONENT_RUNS = 5
+
+
+def add_components(key: Mapping[str, str], found: Mapping[str, Mapping[str, Any]], run_id: str,
+                   directory: Path | None = None) -> Path | None:
+    """Keep this run's variance components of the verdicts' ratios (pinned case id -> a
+    :class:`ple_bench.uncertainty.Components` as JSON) in the profile, the newest
+    :data:`COMPONENT_RUNS` runs a case; None where the profile does not exist (a run that used
+    ``--calibration`` writes none)."""
+    got = load(key, directory)
+    if got is None or not found:
+        return None
+    path, data = got
+    store = data.setdefault("components", {})
+    for case_id, comp in found.items():
+        runs = [c for c in store.get(case_id, []) if c.get("run") != run_id]
+        store[case_id] = (runs + [dict(comp, run=run_id)])[-COMPONENT_RUNS:]
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def components_of(data: Mapping[str, Any], case_ids: Any) -> dict[str, Any]:
+    """case id -> the pooled :class:`ple_bench.uncertainty.Components` of the runs the profile keeps."""
+    from ..uncertainty import Components, pooled
+
+    out = {}
+    for cid in case_ids:
+        parts = [Components(**{k: v for k, v in c.items() if k != "run"})
+                 for c in (data.get("components") or {}).get(cid, [])]
+        comp = pooled(parts)
+        if comp is not None:
+            out[cid] = comp
+    return out
+
+
+__all__ = ["PROFILE_DIR_ENV", "profile_dir", "machine_key", "profile_path", "load", "update", "add_components",
+           "components_of", "COMPONENT_RUNS"]

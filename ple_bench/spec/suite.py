@@ -36,7 +36,9 @@ A suite is a TOML file ``suites/<name>.toml``::
     constraints = ["etp % tp == 0", "num_tokens * num_heads <= 65536"]  # optional
     repeat = { processes = 4, rounds = 3 }  # optional: measure the group's cases (and their resident
                                             # baselines) in 4 fresh worker processes, 3 randomized
-                                            # rounds each (ple_bench.run.replicate)
+                                            # rounds each (ple_bench.run.replicate); with
+                                            # target_pct = 2.5 and most = 8 the processes are chosen
+                                            # from this machine's variance components (its profile)
 
 Axes are exactly the fields of :class:`ple_bench.spec.case.Case` (kind, impl, kernel,
 vocab_size, dim, dtype, num_heads, num_tokens, tp, etp, dp, prefetch, graph, ids,
@@ -164,6 +166,10 @@ class SuiteGroup:
     #: the cases ``repeat`` applies to: the group's own and their resident baselines, also where
     #: another group produced them first (a pinned step and its baseline are measured together)
     repeated_ids: list[str] = field(default_factory=list)
+    #: ``repeat.target_pct``: the 95 % half-width (% of the ratio) the processes are chosen for, from the
+    #: variance components this machine's profile holds for the group's cases; ``repeat.most``: at most
+    repeat_target_pct: float | None = None
+    repeat_most: int | None = None
 
 
 @dataclass
@@ -190,6 +196,13 @@ class Suite:
         for group in self.groups:
             if group.repeat and case_id in group.repeated_ids:
                 return group.repeat
+        return None
+
+    def repeat_group(self, case_id: str) -> SuiteGroup | None:
+        """The first group holding ``case_id`` that repeats its cases."""
+        for group in self.groups:
+            if group.repeat and case_id in group.repeated_ids:
+                return group
         return None
 
     def group_of(self, case_id: str) -> SuiteGroup | None:
@@ -246,6 +259,8 @@ def list_suites() -> list[Suite]:
 GROUP_META_KEYS = ("name", "description", "tags", "variants", "exclude", "constraints", "repeat")
 #: the keys of a group's ``repeat`` table, their bounds
 REPEAT_KEYS = {"processes": (1, 64), "rounds": (1, 64)}
+#: the optional keys that choose the processes from measured variance: the target half-width, the most
+REPEAT_CHOICE_KEYS = {"target_pct": (0.1, 50.0), "most": (2, 64)}
 SUITE_KEYS = ("description", "notes", "gpu_only", "functional_fallback", "timing")
 TOP_KEYS = ("suite", "defaults", "group")
 
@@ -385,6 +400,8 @@ class _SuiteParser:
             raise self.fail(where, "key 'tags': must be a list of strings")
         group = SuiteGroup(name=name, description=description.strip(), tags=list(tags),
                            repeat=self._repeat(raw.get("repeat"), where))
+        if group.repeat:
+            group.repeat_target_pct, group.repeat_most = self._repeat_choice(raw["repeat"], where, group.repeat[0])
 
         own = self._axes_of(raw, where, allow_meta=True)
         variants = self._variants(raw.get("variants"), where, own)
@@ -425,8 +442,9 @@ class _SuiteParser:
         if not isinstance(raw, dict):
             raise self.fail(where, "key 'repeat': must be a table, e.g. repeat = { processes = 4, rounds = 3 }")
         for key in raw:
-            if key not in REPEAT_KEYS:
-                raise self.fail(where, f"key 'repeat.{key}': unknown; allowed: {', '.join(REPEAT_KEYS)}")
+            if key not in REPEAT_KEYS and key not in REPEAT_CHOICE_KEYS:
+                raise self.fail(where, f"key 'repeat.{key}': unknown; allowed: "
+                                       f"{', '.join([*REPEAT_KEYS, *REPEAT_CHOICE_KEYS])}")
         out = []
         for key, (lo, hi) in REPEAT_KEYS.items():
             value = raw.get(key, 1)
@@ -434,6 +452,23 @@ class _SuiteParser:
                 raise self.fail(where, f"key 'repeat.{key}': {value!r}; allowed: an integer in [{lo}, {hi}]")
             out.append(value)
         return (out[0], out[1])
+
+    def _repeat_choice(self, raw: dict, where: str, processes: int) -> tuple[float | None, int | None]:
+        target, most = raw.get("target_pct"), raw.get("most")
+        lo, hi = REPEAT_CHOICE_KEYS["target_pct"]
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                                   or not lo <= target <= hi):
+            raise self.fail(where, f"key 'repeat.target_pct': {target!r}; allowed: a number in [{lo}, {hi}]")
+        lo, hi = REPEAT_CHOICE_KEYS["most"]
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or not lo <= most <= hi):
+            raise self.fail(where, f"key 'repeat.most': {most!r}; allowed: an integer in [{lo}, {hi}]")
+        if most is not None and target is None:
+            raise self.fail(where, "key 'repeat.most': given without 'repeat.target_pct' (the most processes a "
+                                   "target may ask for)")
+        if target is not None and most is not None and most < processes:
+            raise self.fail(where, f"key 'repeat.most': {most} is less than repeat.processes = {processes}")
+        return (float(target) if target is not None else None,
+                (most if most is not None else max(processes, 8)) if target is not None else None)
 
     def _variants(self, raw: Any, where: str, own: dict[str, list[Any]]) -> list[dict[str, Any]]:
         if raw is None:
