@@ -88,17 +88,24 @@ from scipy.optimize import lsq_linear
 from ..record import device_resident, num, resident_figures
 from .compute_kind import compute_kind
 from .machine import CeilingRates, Machine, measured_machine
-from ..report.data import KERNEL_FREE_IMPLS
+from ..impl_facts import facts_of, impls_where
 from ..results import load_meta, load_records
 
 GIB = 1 << 30
 #: a table within this factor of a measured one counts as measured (47.7 GiB vs 51.2 GB)
 TABLE_SLACK = 1.05
-#: host-side paths: rows gathered by host cores and copied to the GPU (no GPU gather kernel)
-HOST_IMPLS = set(KERNEL_FREE_IMPLS) | {"pinned_host_graph", "pinned_host_flag"}
+#: host-side paths: rows gathered by host cores or copied by copy engines (no GPU gather kernel), as
+#: the backends declare them (ple_bench.impl_facts)
+HOST_IMPLS = impls_where(kernel_free=True)
 #: the rate terms of each kind of lookup (:func:`rate_columns`), in column order
 RATE_TERMS = {"device": ("device rows",), "pinned": ("pinned rows",), "cached": ("device rows", "pinned rows"),
               "host": ("host gather", "h2d copy")}
+
+
+def _warms_cache(impl: Any) -> bool:
+    """The built-in impl declares a hot-row cache in HBM (:mod:`ple_bench.impl_facts`)."""
+    facts = facts_of(impl)
+    return bool(facts and facts.warms_cache)
 
 
 def _s(v: Any) -> str:
@@ -164,7 +171,7 @@ def lookup_kind(r: dict[str, Any]) -> str:
     host_copy, else the impl)."""
     if device_resident(r):
         return "device"
-    if int(num(r.get("cache_rows")) or 0) or r.get("impl") == "pinned_hot_cache":
+    if int(num(r.get("cache_rows")) or 0) or _warms_cache(r.get("impl")):
         return "cached"
     mech = _s(r.get("lookup_mechanism"))
     if mech in ("host_gather", "host_copy") or (not mech and str(r.get("impl")) in HOST_IMPLS):
@@ -508,7 +515,7 @@ class PathFit:
     @property
     def cached(self) -> bool:
         """A hot-row cache in HBM serves part of the rows."""
-        return bool(len(self.key) > 6 and self.key[6]) or (self.key and self.key[0] == "pinned_hot_cache")
+        return bool(len(self.key) > 6 and self.key[6]) or (bool(self.key) and _warms_cache(self.key[0]))
 
     def lookup_ms(self, rates: Rates, *, rows: int, table_bytes: float, row_bytes: int,
                   target: Machine | None = None, host_cores: int | None = None) -> float:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..impl_facts import impls_where
 from ..record import Record, as_record
 from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
 from ..units import format_bytes
@@ -35,8 +36,9 @@ ALL_AXES = AXES + ("seed", "extra")
 # ``kernel_ran`` (runs before 2026-12-02: the device default was torch_masked then; records
 # since carry the kernel they ran).  A lookup *path* is impl + the kernel it ran.
 DEFAULT_KERNELS = {"device": "torch_masked", "pinned_uva": "triton_reference", "pinned_hot_cache": "triton_tuned"}
-# Paths with no GPU gather kernel of their own (the kernel axis does not apply).
-KERNEL_FREE_IMPLS = {"pinned_cpu_gather", "pinned_copy_engine"}
+# Paths with no GPU gather kernel of their own (the kernel axis does not apply): as the backends
+# declare them (ple_bench.impl_facts).
+KERNEL_FREE_IMPLS = impls_where(kernel_free=True)
 # The path other paths are compared against (the default pinned-host path).
 REFERENCE_PATH = "pinned_uva · triton_reference"
 # Derived axes: name -> the case axes they are made of.

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from ..record import Record
+from ..record import Record, device_resident
 from .data import (
     REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology,
     topology_label,
@@ -479,12 +479,6 @@ _STEP_STYLES = {(True, "eager"): "-", (True, "breakable"): "--", (True, "full"):
                 (False, "eager"): ":", (False, "breakable"): ":", (False, "full"): ":"}
 
 
-def _resident(record: dict[str, Any]) -> bool:
-    """The step's table is HBM-resident (the backend's declaration; impl 'device' for records without one)."""
-    declared = record.get("table_in_host_memory")
-    return declared is False if declared is not None else record.get("impl") == "device"
-
-
 def _step_scores(series: dict[str, list[dict[str, Any]]], y: str) -> dict[str, tuple[str, float]]:
     """label -> (path, median of y over its points); resident steps score as their own 'path'."""
     out = {}
@@ -492,7 +486,7 @@ def _step_scores(series: dict[str, list[dict[str, Any]]], y: str) -> dict[str, t
         ys = [num(r.get(y)) for r in srs if num(r.get(y)) is not None]
         if ys:
             r0 = srs[0]
-            out[label] = (path_of(r0) + (" (resident)" if _resident(r0) else ""), statistics.median(ys))
+            out[label] = (path_of(r0) + (" (resident)" if device_resident(r0) else ""), statistics.median(ys))
     return out
 
 
@@ -711,9 +705,9 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
     colors = _path_colors(run)
     # pinned steps timed on the host clock are held against the resident full graph on the same clock
     # (record.resident_figures): draw that figure too, or the page compares two clocks
-    if any(str(r.get("timer")) == "host_sync" and not _resident(r) for r in recs):
+    if any(str(r.get("timer")) == "host_sync" and not device_resident(r) for r in recs):
         recs = recs + [Record(r, step_ms=r.full_step_host_sync_ms, graph="full", _host_clock=True)
-                       for r in recs if _resident(r) and str(r.get("ids_on") or "device") == "device"
+                       for r in recs if device_resident(r) and str(r.get("ids_on") or "device") == "device"
                        and r.full_step_host_sync_ms is not None]
     series = {cu: {} for cu in computes}
     for r in recs:
@@ -748,7 +742,7 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
                 if only is not None and label not in only:
                     continue
                 pts = points(srs, "num_tokens", "step_ms")
-                res = _resident(srs[0])
+                res = device_resident(srs[0])
                 style = ({"color": "black", "linewidth": 2.6, "marker": MARKERS[si % len(MARKERS)], "markersize": 5,
                           "linestyle": "-." if srs[0].get("_host_clock") else
                           "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
