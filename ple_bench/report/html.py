@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
+from ..record import num
 from .data import (
-    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
+    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, run_order_key, status_counts,
     topology_label,
 )
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
