@@ -188,7 +188,7 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
     GB/s and rows/s as shares of the stored ceilings and the time ratios."""
     rows: list[dict[str, Any]] = []
     for g in path_groups(run):
-        t0 = num(g.fastest.get("median_ms"))
+        t0 = g.fastest.median_ms
         ref = g.reference
         for r in g.records:
             t = r.median_ms
