@@ -63,6 +63,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from .impl_facts import facts_of
 from .spec.case import Case, has_compute
 from .units import DTYPE_BYTES
 
@@ -693,12 +694,13 @@ def _peers(peers: "Peers | Mapping[str, tuple[str, float]] | None") -> Peers:
 
 
 def device_resident(rec: Mapping[str, Any]) -> bool:
-    """The table is in device memory: the declared capability when the record has it,
-    else impl == "device"."""
+    """The table is in device memory: the declared capability when the record has it, else what
+    its built-in impl declares (:mod:`ple_bench.impl_facts`; False for an impl it does not know)."""
     declared = rec.get("table_in_host_memory")
     if isinstance(declared, bool):
         return not declared
-    return rec.get("impl") == "device"
+    facts = facts_of(rec.get("impl"))
+    return facts is not None and not facts.table_in_host_memory
 
 
 def row_ceiling(ceilings: Mapping[str, Any], base: str, row_bytes: Any) -> tuple[str, float, int] | None:
@@ -742,7 +744,8 @@ def choose_ceiling(rec: Mapping[str, Any], ceilings: Mapping[str, Any]) -> dict[
     gbps = _num(rec.get("gbps"))
     own = _num(rec.get("random_row_ceiling_gbps"))
     at_rows = _num(rec.get("random_row_ceiling_at_rows_gbps"))
-    mechanism = rec.get("lookup_mechanism") or ("host_copy" if rec.get("impl") == "pinned_copy_engine" else None)
+    facts = facts_of(rec.get("impl"))
+    mechanism = rec.get("lookup_mechanism") or (facts.lookup_mechanism if facts else None)
     if mechanism == "host_copy" and rec.get("mode") in (None, "gpu"):
         value = _num((ceilings or {}).get("h2d_gbps"))
         out["ceiling"] = "h2d_gbps"

@@ -436,7 +436,7 @@ def adv_points(archived):
 
 
 def test_archived_runs_predict_no_step_below_its_floor(archived_advice):
-    from ple_bench.advise.model import KERNEL_FREE_IMPLS
+    from ple_bench.report.data import KERNEL_FREE_IMPLS
 
     adv, metas, _ = archived_advice
     adv_max_tokens = max(p.tokens for p in adv_points(archived_advice))

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from ple_bench.record import Record
-from ple_bench.report.data import load_run, num
+from ple_bench.report.data import load_run
+from ple_bench.record import num
 from ple_bench.report.gallery import make_plots
 from ple_bench.report.plots_traffic import decoder_share, main, plot_decoder, plot_traffic, traffic_series
 from tests._fixtures import fixture_run

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..record import num
+from ..record import as_record
 
 DEFAULT_DECODER_SHAPE = "qwen3-8b"
 _US = re.compile(r"^us:(?P<us>[0-9]+(\.[0-9]*)?|\.[0-9]+)$")
@@ -79,10 +79,11 @@ def parse_compute(spec: str) -> ComputeAsk:
 
 def compute_of_record(r: Mapping[str, Any]) -> ComputeAsk:
     """The compute a step record measured."""
-    if str(r.get("compute") or "matmul") == "decoder":
-        return ComputeAsk("decoder", shape=str(r.get("decoder_shape") or DEFAULT_DECODER_SHAPE),
-                          layers=int(num(r.get("decoder_layers")) or 0), context=int(num(r.get("context_len")) or 0))
-    return ComputeAsk("matmul", compute_us=float(num(r.get("compute_us")) or 0.0))
+    r = as_record(r)
+    if str(r.compute or "matmul") == "decoder":
+        return ComputeAsk("decoder", shape=str(r.decoder_shape or DEFAULT_DECODER_SHAPE),
+                          layers=int(r.decoder_layers or 0), context=int(r.context_len or 0))
+    return ComputeAsk("matmul", compute_us=float(r.compute_us or 0.0))
 
 
 def compute_kind(r: Mapping[str, Any]) -> str:

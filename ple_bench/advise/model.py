@@ -80,25 +80,32 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from ..record import device_resident, num, resident_figures
+from ..record import Record, as_record, device_resident, num, resident_figures
 from .compute_kind import compute_kind
 from .machine import CeilingRates, Machine, measured_machine
-from ..report.data import KERNEL_FREE_IMPLS
+from ..impl_facts import facts_of, impls_where
 from ..results import load_meta, load_records
 
 GIB = 1 << 30
 #: a table within this factor of a measured one counts as measured (47.7 GiB vs 51.2 GB)
 TABLE_SLACK = 1.05
-#: host-side paths: rows gathered by host cores and copied to the GPU (no GPU gather kernel)
-HOST_IMPLS = set(KERNEL_FREE_IMPLS) | {"pinned_host_graph", "pinned_host_flag"}
+#: host-side paths: rows gathered by host cores or copied by copy engines (no GPU gather kernel), as
+#: the backends declare them (ple_bench.impl_facts)
+HOST_IMPLS = impls_where(kernel_free=True)
 #: the rate terms of each kind of lookup (:func:`rate_columns`), in column order
 RATE_TERMS = {"device": ("device rows",), "pinned": ("pinned rows",), "cached": ("device rows", "pinned rows"),
               "host": ("host gather", "h2d copy")}
+
+
+def _warms_cache(impl: Any) -> bool:
+    """The built-in impl declares a hot-row cache in HBM (:mod:`ple_bench.impl_facts`)."""
+    facts = facts_of(impl)
+    return bool(facts and facts.warms_cache)
 
 
 def _s(v: Any) -> str:
@@ -127,13 +134,11 @@ class PathKey(NamedTuple):
     link_shared: bool = False
 
 
-def path_key(r: dict[str, Any]) -> PathKey:
-    return PathKey(str(r.get("impl")), _s(r.get("kernel")), bool(r.get("prefetch")),
-                   _s(r.get("ids_on")) or "device", _s(r.get("graph")) or "eager",
-                   int(num(r.get("sm_limit")) or 0), int(num(r.get("cache_rows")) or 0),
-                   int(num(r.get("gather_threads")) or 0), _s(r.get("timer")), _s(r.get("ids")),
-                   "" if device_resident(r) else _s(r.get("host_alloc")), compute_kind(r),
-                   bool(r.get("h2d_background")))
+def path_key(r: Mapping[str, Any]) -> PathKey:
+    r = as_record(r)
+    return PathKey(str(r.impl), _s(r.kernel), bool(r.prefetch), _s(r.ids_on) or "device", _s(r.graph) or "eager",
+                   int(r.sm_limit or 0), int(r.cache_rows or 0), int(r.gather_threads or 0), _s(r.timer), _s(r.ids),
+                   "" if device_resident(r) else _s(r.host_alloc), compute_kind(r), bool(r.h2d_background))
 
 
 def path_label(key: Sequence) -> str:
@@ -162,12 +167,13 @@ def lookup_kind(r: dict[str, Any]) -> str:
     reading pinned host memory), ``cached`` (a hot-row cache in HBM, the rest pinned), ``host``
     (host cores gather, a copy moves them: the declared ``lookup_mechanism`` host_gather /
     host_copy, else the impl)."""
+    r = as_record(r)
     if device_resident(r):
         return "device"
-    if int(num(r.get("cache_rows")) or 0) or r.get("impl") == "pinned_hot_cache":
+    if int(r.cache_rows or 0) or _warms_cache(r.impl):
         return "cached"
-    mech = _s(r.get("lookup_mechanism"))
-    if mech in ("host_gather", "host_copy") or (not mech and str(r.get("impl")) in HOST_IMPLS):
+    mech = _s(r.lookup_mechanism)
+    if mech in ("host_gather", "host_copy") or (not mech and str(r.impl) in HOST_IMPLS):
         return "host"
     return "pinned"
 
@@ -212,25 +218,22 @@ def step_points(records: Iterable[dict[str, Any]]) -> list[Point]:
     newest run's measurement of each case (run ids sort by date).  A resident step timed by CUDA
     events that also recorded ``step_host_sync_ms`` gives a second point on the ``host_sync``
     timer (its host-sync twin: the resident step a host-timed path is compared with)."""
-    newest: dict[str, dict[str, Any]] = {}
-    for r in sorted(records, key=lambda r: str(r.get("_run_id", ""))):
-        if (r.get("status") != "ok" or r.get("kind") != "step" or r.get("mode", "gpu") == "functional"
-                or int(num(r.get("world_size")) or 1) != 1):
+    newest: dict[str, Record] = {}
+    for r in sorted(map(as_record, records), key=lambda r: str(r.get("_run_id", ""))):
+        if r.status != "ok" or r.kind != "step" or r.mode == "functional" or int(r.world_size or 1) != 1:
             continue
-        if None in (num(r.get("step_ms")), num(r.get("compute_ms")), num(r.get("lookup_ms")),
-                    num(r.get("table_bytes")), num(r.get("num_tokens")), num(r.get("num_heads"))):
+        if None in (r.step_ms, r.compute_ms, r.lookup_ms, r.table_bytes, r.num_tokens, r.num_heads):
             continue
-        newest[str(r.get("case_id"))] = r
+        newest[str(r.case_id)] = r
     out, twins = [], []
     for r in newest.values():
         kind = lookup_kind(r)
-        base = Point(key=path_key(r), case_id=str(r.get("case_id")), run_id=str(r.get("_run_id", "")),
-                     rows=int(num(r.get("rows")) or num(r["num_tokens"]) * num(r["num_heads"])),
-                     tokens=int(num(r["num_tokens"])), table_bytes=int(num(r["table_bytes"])),
-                     row_bytes=int(num(r.get("row_bytes")) or 0), compute_us=float(num(r.get("compute_us")) or 0),
-                     compute_ms=float(r["compute_ms"]), lookup_ms=float(r["lookup_ms"]),
-                     step_ms=float(r["step_ms"]), resident=device_resident(r),
-                     host_gather=kind == "host", heads=int(num(r["num_heads"])), kind=kind)
+        base = Point(key=path_key(r), case_id=str(r.case_id), run_id=str(r.get("_run_id", "")),
+                     rows=int(r.rows or r.num_tokens * r.num_heads), tokens=int(r.num_tokens),
+                     table_bytes=int(r.table_bytes), row_bytes=int(r.row_bytes or 0),
+                     compute_us=float(r.compute_us or 0), compute_ms=float(r.compute_ms),
+                     lookup_ms=float(r.lookup_ms), step_ms=float(r.step_ms), resident=device_resident(r),
+                     host_gather=kind == "host", heads=int(r.num_heads), kind=kind)
         out.append(base)
         # the resident step's other figures (record.resident_figures: its host-sync twin, the full
         # graph of a breakable step on either timer), each a point of its own graph mode and timer,
@@ -247,7 +250,7 @@ def step_points(records: Iterable[dict[str, Any]]) -> list[Point]:
 def _host_gather(r: dict[str, Any]) -> bool:
     """Rows moved by host cores / copy engines (the paths with no GPU gather kernel), not by a
     GPU kernel reading host memory."""
-    return lookup_kind(r) == "host" or num(r.get("host_gather_ceiling_ms")) is not None
+    return lookup_kind(r) == "host" or as_record(r).host_gather_ceiling_ms is not None
 
 
 # ------------------------------------------------------------------ machine rates
@@ -283,7 +286,7 @@ class Rates:
 
 def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]) -> Rates:
     """The machine rates from lookup records and meta.json ceilings."""
-    records = list(records)
+    records = [as_record(r) for r in records]
     metas = list(metas)
     rates = Rates(ceilings=CeilingRates(metas), machine=measured_machine(metas))
     rates.sources["ceilings"] = (f"per-case random_row / host_gather ceilings of {len(metas)} run(s)' meta.json"
@@ -311,8 +314,8 @@ def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]
     # all-reduce alpha-beta: reduce_ms = alpha + reduce_bytes * 2(n-1)/n / busbw
     xs, ys = [], []
     for r in records:
-        b, t, n = num(r.get("reduce_bytes")), num(r.get("reduce_ms")), num(r.get("etp"))
-        if r.get("status") == "ok" and b and t and n and n > 1:
+        b, t, n = r.reduce_bytes, r.reduce_ms, r.etp
+        if r.status == "ok" and b and t and n and n > 1:
             xs.append(b * 2 * (n - 1) / n)
             ys.append(t)
     if len(set(xs)) >= 2:
@@ -330,11 +333,9 @@ def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]
     # host-gather threads: t(n) = s + p/n + o n on lookups with gather_threads varied
     tg: dict[tuple, dict[int, float]] = {}
     for r in records:
-        if (r.get("status") == "ok" and r.get("kind") == "lookup" and num(r.get("host_gather_ceiling_ms"))
-                and num(r.get("median_ms"))):
-            n = int(num(r.get("gather_threads")) or 0) or rates.measured_threads
-            tg.setdefault((r.get("impl"), num(r.get("rows")), num(r.get("table_bytes")), r.get("ids_on")), {})[n] = \
-                float(r["median_ms"])
+        if r.status == "ok" and r.kind == "lookup" and r.host_gather_ceiling_ms and r.median_ms:
+            n = int(r.gather_threads or 0) or rates.measured_threads
+            tg.setdefault((r.impl, r.rows, r.table_bytes, r.ids_on), {})[n] = float(r.median_ms)
     best = max(tg.values(), key=len, default={})
     if len(best) >= 3:
         ns = np.array(sorted(best), dtype=float)
@@ -508,7 +509,7 @@ class PathFit:
     @property
     def cached(self) -> bool:
         """A hot-row cache in HBM serves part of the rows."""
-        return bool(len(self.key) > 6 and self.key[6]) or (self.key and self.key[0] == "pinned_hot_cache")
+        return bool(len(self.key) > 6 and self.key[6]) or (bool(self.key) and _warms_cache(self.key[0]))
 
     def lookup_ms(self, rates: Rates, *, rows: int, table_bytes: float, row_bytes: int,
                   target: Machine | None = None, host_cores: int | None = None) -> float:

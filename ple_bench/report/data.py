@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..impl_facts import impls_where
 from ..record import Record, as_record
+from ..record import num as _num  # not re-exported: readers of records read typed fields
 from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
 from ..units import format_bytes
 
@@ -35,8 +37,9 @@ ALL_AXES = AXES + ("seed", "extra")
 # ``kernel_ran`` (runs before 2026-12-02: the device default was torch_masked then; records
 # since carry the kernel they ran).  A lookup *path* is impl + the kernel it ran.
 DEFAULT_KERNELS = {"device": "torch_masked", "pinned_uva": "triton_reference", "pinned_hot_cache": "triton_tuned"}
-# Paths with no GPU gather kernel of their own (the kernel axis does not apply).
-KERNEL_FREE_IMPLS = {"pinned_cpu_gather", "pinned_copy_engine"}
+# Paths with no GPU gather kernel of their own (the kernel axis does not apply): as the backends
+# declare them (ple_bench.impl_facts).
+KERNEL_FREE_IMPLS = impls_where(kernel_free=True)
 # The path other paths are compared against (the default pinned-host path).
 REFERENCE_PATH = "pinned_uva · triton_reference"
 # Derived axes: name -> the case axes they are made of.
@@ -92,7 +95,7 @@ class Run:
         """Bandwidth ceilings (GB/s): the numeric ``*gbps*`` entries of meta's ceilings."""
         out = {}
         for name, value in self._raw_ceilings().items():
-            v = num(value)
+            v = _num(value)
             if "gbps" in str(name) and v is not None and v > 0:
                 out[str(name)] = v
         return out
@@ -108,12 +111,12 @@ class Run:
 
     def ceiling_value(self, name: str) -> float | None:
         """One positive number from meta's ceilings (GB/s or rows/s), or None."""
-        v = num(self._raw_ceilings().get(name))
+        v = _num(self._raw_ceilings().get(name))
         return v if v is not None and v > 0 else None
 
     def row_ceiling(self, base: str, row_bytes: Any) -> tuple[str, float] | None:
         """``base`` measured at this row size (``<base>_<N>B``) when stored, else ``base``."""
-        rb = num(row_bytes)
+        rb = _num(row_bytes)
         names = ([f"{base}_{int(rb)}B"] if rb is not None else []) + [base]
         for name in names:
             v = self.ceiling_value(name)
@@ -132,7 +135,7 @@ class Run:
         """How many cases the run was to record: its records and the cases not reached (a run
         that predates the list: ``num_cases``, if larger)."""
         listed = len(self.records) + sum(map(len, self.not_reached.values()))
-        return max(listed, int(num(self.meta.get("num_cases")) or 0))
+        return max(listed, int(_num(self.meta.get("num_cases")) or 0))
 
     @property
     def started_at(self) -> str:
@@ -179,8 +182,6 @@ def normalize(record: Mapping[str, Any]) -> Record:
     r["path"] = path_label(r)
     return Record(r)
 
-
-from ..record import num  # noqa: E402  (one way to read a stored number)
 
 
 def samples_of(record: Mapping[str, Any]) -> list[float]:
@@ -251,7 +252,7 @@ def fmt(value: Any, digits: int = 4) -> str:
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
-    f = num(value)
+    f = _num(value)
     if f is None:
         return str(value)
     if f == 0:
@@ -265,7 +266,7 @@ def fmt(value: Any, digits: int = 4) -> str:
 
 def fmt_bytes(n: Any) -> str:
     """A stored byte count for display (:func:`ple_bench.units.format_bytes`); "" where there is none."""
-    f = num(n)
+    f = _num(n)
     return "" if f is None else format_bytes(f)
 
 
@@ -370,7 +371,7 @@ def slice_series(records: Sequence[dict[str, Any]], x: str, series_axes: Sequenc
 
 
 def _sort_key(value: Any) -> tuple:
-    f = num(value)
+    f = _num(value)
     return (0, f, "") if f is not None else (1, 0.0, str(value))
 
 
@@ -384,7 +385,7 @@ def points(records: Sequence[dict[str, Any]], x: str, y: str) -> list[tuple[floa
     """(x, median y) pairs sorted by x; several records at one x give their median."""
     by_x: dict[float, list[float]] = {}
     for r in records:
-        xv, yv = num(x_value(r, x)), num(r.get(y))
+        xv, yv = _num(x_value(r, x)), _num(r.get(y))
         if xv is None or yv is None:
             continue
         by_x.setdefault(xv, []).append(yv)

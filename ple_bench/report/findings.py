@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from ..record import as_record
 from .data import (
-    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, pairs, points, single_rank,
+    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, pairs, points, single_rank,
     status_counts, topology,
 )
 from ..verdict import verdict_lines, verdicts
@@ -520,8 +520,8 @@ def topology_findings(run: Run) -> list[Finding]:
             by_impl.setdefault(impl, {}).setdefault(label, []).append(
                 r.median_ms / base.median_ms)
             for key in ("gather_ms", "reduce_ms", "rank_spread_ms"):
-                if num(r.get(key)) is not None:
-                    extras.setdefault(impl, {}).setdefault(label, {}).setdefault(key, []).append(num(r.get(key)))
+                if getattr(r, key) is not None:
+                    extras.setdefault(impl, {}).setdefault(label, {}).setdefault(key, []).append(getattr(r, key))
     for impl, by_label in sorted(by_impl.items()):
         parts = []
         for label, ratios in sorted(by_label.items()):
@@ -543,14 +543,14 @@ def graph_and_cache_findings(run: Run) -> list[Finding]:
     by_impl: dict[str, dict[str, list[float]]] = {}
     for r in recs:
         for key in ("graph_median_ms", "hot_median_ms"):
-            if num(r.get(key)) is not None:
+            if getattr(r, key) is not None:
                 # a graph replay is like for like with the eager figure only when it rotated the same
                 # id sets with the L2 flushed (older records replayed one set, warm)
                 like = key != "graph_median_ms" or (bool(r.get("graph_cold_l2")) == bool(r.get("cold_l2", True))
                                                     and (r.graph_id_sets or 1) == (r.id_sets or 1))
                 name = key if like else "graph_warm_one_set"
                 by_impl.setdefault(str(r.get("impl")), {}).setdefault(name, []).append(
-                    num(r.get(key)) / r.median_ms)
+                    getattr(r, key) / r.median_ms)
     for impl, d in sorted(by_impl.items()):
         parts = []
         if "graph_median_ms" in d:

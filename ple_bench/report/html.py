@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
+from ..record import num
 from .data import (
-    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, num, run_order_key, status_counts,
+    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, run_order_key, status_counts,
     topology_label,
 )
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
@@ -187,7 +188,7 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
     GB/s and rows/s as shares of the stored ceilings and the time ratios."""
     rows: list[dict[str, Any]] = []
     for g in path_groups(run):
-        t0 = num(g.fastest.get("median_ms"))
+        t0 = g.fastest.median_ms
         ref = g.reference
         for r in g.records:
             t = r.median_ms

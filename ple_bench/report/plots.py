@@ -20,9 +20,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from ..record import Record
+from ..record import Record, device_resident, num
 from .data import (
-    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, num, pairs, points, single_rank, slice_series, topology,
+    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, pairs, points, single_rank, slice_series, topology,
     topology_label,
 )
 from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
@@ -416,7 +416,7 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
     # a path's score: its median time relative to the fastest path's, over the workloads it ran
     rel: dict[str, list[float]] = {}
     for g in groups:
-        t0 = num(g.fastest.get("median_ms"))
+        t0 = g.fastest.median_ms
         for r in g.records:
             rel.setdefault(path_of(r), []).append(r.median_ms / t0)
     scores = {p: (p, statistics.median(v)) for p, v in rel.items()}
@@ -439,7 +439,7 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
                 if has_ref and ref is not None:
                     speed = ref.median_ms / r.median_ms
                     axes[1].bar(xpos, speed, width=width, color=colors[path_of(r)], label=path_of(r))
-        rbs = {num(g.fastest.get("row_bytes")) for g in groups}
+        rbs = {g.fastest.row_bytes for g in groups}
         rb = rbs.pop() if len(rbs) == 1 else None
         hits = [run.row_ceiling(base, rb) for base in ("h2d_gbps", "pinned_random_row_gbps")]
         _ceiling_lines(axes[0], [(h[0], h[1]) for h in hits if h], color="0.3")
@@ -456,7 +456,7 @@ def plot_paths(run: Run, max_groups: int = 10) -> Plot | None:
             axes[1].set_ylabel(f"speed vs {REFERENCE_PATH}\n(>1 faster, log scale)")
             axes[1].set_title(f"speed relative to {REFERENCE_PATH} at the same workload", fontsize=10)
             axes[1].grid(True, axis="y", which="major", alpha=0.3)
-        same_shape = len({(g.fastest.get("dtype"), num(g.fastest.get("row_bytes"))) for g in groups}) == 1
+        same_shape = len({(g.fastest.dtype, g.fastest.row_bytes) for g in groups}) == 1
         labels = [workload_label(g.fastest, with_shape=not same_shape).replace(" tokens × ", " tok × ")
                   .replace(" heads", " h").replace(", ", "\n") for g in groups]
         axes[-1].set_xticks(range(len(groups)), labels, fontsize=8)
@@ -479,20 +479,14 @@ _STEP_STYLES = {(True, "eager"): "-", (True, "breakable"): "--", (True, "full"):
                 (False, "eager"): ":", (False, "breakable"): ":", (False, "full"): ":"}
 
 
-def _resident(record: dict[str, Any]) -> bool:
-    """The step's table is HBM-resident (the backend's declaration; impl 'device' for records without one)."""
-    declared = record.get("table_in_host_memory")
-    return declared is False if declared is not None else record.get("impl") == "device"
-
-
 def _step_scores(series: dict[str, list[dict[str, Any]]], y: str) -> dict[str, tuple[str, float]]:
     """label -> (path, median of y over its points); resident steps score as their own 'path'."""
     out = {}
     for label, srs in series.items():
-        ys = [num(r.get(y)) for r in srs if num(r.get(y)) is not None]
+        ys = [getattr(r, y) for r in srs if getattr(r, y) is not None]
         if ys:
             r0 = srs[0]
-            out[label] = (path_of(r0) + (" (resident)" if _resident(r0) else ""), statistics.median(ys))
+            out[label] = (path_of(r0) + (" (resident)" if device_resident(r0) else ""), statistics.median(ys))
     return out
 
 
@@ -515,7 +509,7 @@ def plot_step_overlap(run: Run) -> list[Plot]:
             ("exposed_ms", "exposed lookup time (ms)"),
             ("overlap_efficiency", "overlap efficiency (%)"),
             ("compute_slowdown", "compute slowdown (%)"),
-        ) if sum(1 for r in rs if num(r.get(y)) is not None) >= 2]
+        ) if sum(1 for r in rs if getattr(r, y) is not None) >= 2]
         titles = {"exposed_ms": "lookup time not hidden", "overlap_efficiency": "1 − exposed / exposed without prefetch",
                   "compute_slowdown": "in-step compute / compute alone − 1"}
         if not panels or len({r.compute_us for r in rs}) < 2:
@@ -711,9 +705,9 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
     colors = _path_colors(run)
     # pinned steps timed on the host clock are held against the resident full graph on the same clock
     # (record.resident_figures): draw that figure too, or the page compares two clocks
-    if any(str(r.get("timer")) == "host_sync" and not _resident(r) for r in recs):
+    if any(str(r.get("timer")) == "host_sync" and not device_resident(r) for r in recs):
         recs = recs + [Record(r, step_ms=r.full_step_host_sync_ms, graph="full", _host_clock=True)
-                       for r in recs if _resident(r) and str(r.get("ids_on") or "device") == "device"
+                       for r in recs if device_resident(r) and str(r.get("ids_on") or "device") == "device"
                        and r.full_step_host_sync_ms is not None]
     series = {cu: {} for cu in computes}
     for r in recs:
@@ -748,7 +742,7 @@ def plot_step_vs_tokens(run: Run, height: float = KEY_HEIGHT_IN, scoped: bool = 
                 if only is not None and label not in only:
                     continue
                 pts = points(srs, "num_tokens", "step_ms")
-                res = _resident(srs[0])
+                res = device_resident(srs[0])
                 style = ({"color": "black", "linewidth": 2.6, "marker": MARKERS[si % len(MARKERS)], "markersize": 5,
                           "linestyle": "-." if srs[0].get("_host_clock") else
                           "-" if str(srs[0].get("ids_on") or "device") == "device" else ":"}
@@ -783,7 +777,7 @@ def plot_topology(run: Run) -> Plot | None:
     if not matched:
         return None
     extra_keys = [k for k in ("gather_ms", "reduce_ms", "rank_spread_ms")
-                  if any(num(r.get(k)) is not None for r in matched.values())]
+                  if any(getattr(r, k) is not None for r in matched.values())]
     sl = slice_series(list(matched.values()), "topology", ["impl"], max_series=MAX_LEGEND - len(extra_keys))
     labels = sorted({topology_label(r) for rs in sl.series.values() for r in rs},
                     key=lambda s: [int("".join(c for c in part if c.isdigit())) for part in s.split()])
@@ -807,11 +801,11 @@ def plot_topology(run: Run) -> Plot | None:
     if extra_keys:
         ax2 = axes[1]
         bars = [(sl.label(key), topology_label(r), r) for key, rs in series for r in rs
-                if any(num(r.get(k)) is not None for k in extra_keys)]
+                if any(getattr(r, k) is not None for k in extra_keys)]
         bars.sort(key=lambda b: (labels.index(b[1]) if b[1] in labels else 0, b[0]))
         w = 0.8 / len(extra_keys)
         for k_i, k in enumerate(extra_keys):
-            vals = [num(b[2].get(k)) or 0.0 for b in bars]
+            vals = [getattr(b[2], k) or 0.0 for b in bars]
             ax2.bar([i + k_i * w for i in range(len(bars))], vals, width=w,
                     label=k.replace("_ms", "").replace("_", " "), color=f"C{k_i + 3}")
         ax2.set_xticks([i + w * (len(extra_keys) - 1) / 2 for i in range(len(bars))],
@@ -839,7 +833,7 @@ def plot_trend(runs: Sequence[Run], case_ids: Sequence[str], metric: str = "medi
         first = None
         for j, run in enumerate(runs):
             rec = next((r for r in run.ok if r.get("case_id") == cid), None)
-            value = num(rec.get(metric)) if rec else None
+            value = getattr(rec, metric) if rec else None
             if value is None:
                 continue
             first = first if first is not None else value

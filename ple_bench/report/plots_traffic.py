@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
-from .data import Run, fmt_bytes, load_run, num
+from .data import Run, fmt_bytes, load_run
 from .plots import MARKERS, PLOT_DPI, WIDTH_IN, Plot
 from .sections import hit_rate, lookups
 from ..verdict import EQUAL_PCT, candidates, compute_label, compute_of, picks, scope
@@ -122,12 +122,12 @@ def decoder_share(run: Run) -> tuple[str, str, dict[Any, dict[float, float]]]:
     share of the read-only HBM ceiling where the run measured one, else of the D2D copy ceiling."""
     steps = [r for r in run.ok if r.get("kind") == "step" and str(r.get("compute") or "") == "decoder"]
     field, words = "compute_pct_of_hbm_read", "% of the run's HBM read ceiling (bytes read)"
-    if not any(num(r.get(field)) is not None for r in steps):
+    if not any(r.compute_pct_of_hbm_read is not None for r in steps):
         field = "compute_pct_of_d2d"
         words = "% of the run's D2D copy ceiling (read + write: no read ceiling in this run)"
     acc: dict[Any, dict[float, list[float]]] = {}
     for r in steps:
-        v, t = num(r.get(field)), r.num_tokens
+        v, t = getattr(r, field), r.num_tokens
         if v is not None and t is not None:
             acc.setdefault(compute_of(r), {}).setdefault(t, []).append(v)
     return field, words, {c: {t: statistics.median(v) for t, v in sorted(by.items())} for c, by in acc.items()}

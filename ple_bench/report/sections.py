@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..record import as_record
+from ..record import Record, as_record, num
 from ..serving.slo import ServingAnswer, serving_verdict
 from .data import (
-    AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, num, single_rank,
+    AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, single_rank,
 )
 
 # Axes that choose the lookup path rather than the work; everything else defines a workload.
@@ -93,14 +93,14 @@ class PathGroup:
 
     key: tuple
     label: str
-    records: list[dict[str, Any]]
+    records: list[Record]
 
     @property
-    def fastest(self) -> dict[str, Any]:
+    def fastest(self) -> Record:
         return self.records[0]
 
     @property
-    def reference(self) -> dict[str, Any] | None:
+    def reference(self) -> Record | None:
         return next((r for r in self.records if path_of(r) == REFERENCE_PATH), None)
 
     @property
