@@ -53,7 +53,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .record import device_resident, num
+from .record import as_record, device_resident
 from .results import kept_samples
 from .uncertainty import components, observations, ratio_interval as process_ratio_interval, ratio_observations
 from .units import format_bytes
@@ -79,7 +79,7 @@ class Pick:
 
     @property
     def step_ms(self) -> float:
-        return float(num(self.record.get("step_ms")))
+        return float(as_record(self.record).step_ms)
 
     @property
     def overhead_pct(self) -> float:
@@ -97,10 +97,10 @@ def _by_id(records: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]
 def spread(rec: Mapping[str, Any]) -> float | None:
     """The CV a measurement's median is judged by: IQR / 1.349 / median (robust to the rare
     pre-empted sample), else the stored CV where a record has no IQR."""
-    iqr, median = num(rec.get("iqr_ms")), num(rec.get("median_ms"))
+    iqr, median = as_record(rec).iqr_ms, as_record(rec).median_ms
     if iqr is not None and median:
         return iqr / _IQR_PER_SIGMA / median
-    return num(rec.get("cv"))
+    return as_record(rec).cv
 
 
 def stable(rec: Mapping[str, Any]) -> bool:
@@ -110,12 +110,12 @@ def stable(rec: Mapping[str, Any]) -> bool:
 
 def candidates(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Pinned ok steps with a baseline figure, stable, whose baseline is stable too."""
-    records = list(records)
+    records = [as_record(r) for r in records]
     ids = _by_id(records)
     out = []
     for r in records:
         if (r.get("kind") != "step" or r.get("status") != "ok" or device_resident(r)
-                or num(r.get("offload_baseline_ms")) is None or num(r.get("step_ms")) is None):
+                or as_record(r).offload_baseline_ms is None or as_record(r).step_ms is None):
             continue
         base = ids.get(str(r.get("offload_baseline")))
         if stable(r) and (base is None or stable(base)):
@@ -125,18 +125,19 @@ def candidates(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def unstable_candidates(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Pinned steps with a baseline left out of the verdict for their noise (named on the page)."""
-    kept = {id(r) for r in candidates(records)}
-    return [r for r in records if r.get("kind") == "step" and r.get("status") == "ok" and not device_resident(r)
-            and num(r.get("offload_baseline_ms")) is not None and id(r) not in kept]
+    records = [as_record(r) for r in records]
+    kept = {r.case_id for r in candidates(records)}
+    return [r for r in records if r.kind == "step" and r.status == "ok" and not device_resident(r)
+            and r.offload_baseline_ms is not None and r.case_id not in kept]
 
 
 def compute_of(r: Mapping[str, Any]) -> Any:
     """The compute a step hides its lookup behind: ``compute_us`` of the matmul chain, or
     ``("decoder", shape, layers, context)`` for decoder layers (their time is measured, not set)."""
     if str(r.get("compute") or "matmul") == "decoder":
-        return ("decoder", str(r.get("decoder_shape")), int(num(r.get("decoder_layers")) or 0),
-                int(num(r.get("context_len")) or 0))
-    return float(num(r.get("compute_us")) or 0.0)
+        return ("decoder", str(r.get("decoder_shape")), int(as_record(r).decoder_layers or 0),
+                int(as_record(r).context_len or 0))
+    return float(as_record(r).compute_us or 0.0)
 
 
 def compute_label(c: Any) -> str:
@@ -159,11 +160,11 @@ class Scope:
 def scope(cands: Sequence[Mapping[str, Any]], *, table_bytes: int | None = None, ids: str | None = None) -> Scope | None:
     """The table, id distribution and compute lengths a verdict covers (see the module doc)."""
     if table_bytes is None:
-        sizes = [int(num(r.get("table_bytes")) or 0) for r in cands]
+        sizes = [int(as_record(r).table_bytes or 0) for r in cands]
         if not sizes:
             return None
         table_bytes = max(sizes)
-    at = [r for r in cands if int(num(r.get("table_bytes")) or 0) == table_bytes]
+    at = [r for r in cands if int(as_record(r).table_bytes or 0) == table_bytes]
     if ids is None:
         counts = Counter(str(r.get("ids") or "uniform") for r in at)
         if not counts:
@@ -179,10 +180,10 @@ def picks(cands: Sequence[Mapping[str, Any]], where: Scope, compute_us: Any) -> 
     (a :func:`compute_of` value)."""
     best: dict[int, Mapping[str, Any]] = {}
     for r in cands:
-        if (int(num(r.get("table_bytes")) or 0) != where.table_bytes or str(r.get("ids") or "uniform") != where.ids
+        if (int(as_record(r).table_bytes or 0) != where.table_bytes or str(r.get("ids") or "uniform") != where.ids
                 or compute_of(r) != compute_us):
             continue
-        t = int(num(r.get("num_tokens")) or 0)
+        t = int(as_record(r).num_tokens or 0)
         if t not in best or float(r["step_ms"]) < float(best[t]["step_ms"]):
             best[t] = r
     return {t: Pick(t, r, float(r["offload_baseline_ms"]), str(r.get("offload_baseline")),
@@ -255,7 +256,7 @@ class Entry:
 
     @property
     def pinned_ms(self) -> float | None:
-        return num(self.pinned.get("step_ms")) if self.pinned is not None else None
+        return as_record(self.pinned).step_ms if self.pinned is not None else None
 
     @property
     def path(self) -> str:
@@ -319,7 +320,7 @@ def _samples(rec: Mapping[str, Any], key: str) -> list[float]:
     if not isinstance(raw, (list, tuple)):
         return []
     flags = rec.get("samples_throttled") if key == "samples_ms" else None
-    vals = kept_samples([float(v) for v in raw if num(v) is not None], flags if isinstance(flags, list) else None)
+    vals = kept_samples([float(v) for v in raw if isinstance(v, (int, float))], flags if isinstance(flags, list) else None)
     return [v for v in vals if math.isfinite(v) and v > 0]
 
 
@@ -327,7 +328,7 @@ def resident_samples(base: Mapping[str, Any], ms: float) -> list[float]:
     """The kept raw samples of the resident figure ``ms`` that ``base`` offers (its step, its
     host-sync twin, its full graph on either timer): the list whose figure is ``ms``."""
     for ms_key, samples_key in _FIGURE_SAMPLES:
-        v = num(base.get(ms_key))
+        v = as_record(base).get(ms_key)
         if v is not None and math.isclose(v, ms, rel_tol=1e-9, abs_tol=1e-12):
             got = _samples(base, samples_key)
             if not got and samples_key == "samples_ms":
@@ -377,7 +378,7 @@ def baseline_figure(base: Mapping[str, Any], ms: float, timer: str | None = None
              "full_step_ms": ("full", own_timer), "full_step_host_sync_ms": ("full", "host_sync")}
     found = []
     for ms_key, _samples_key in _FIGURE_SAMPLES:
-        v = num(base.get(ms_key))
+        v = as_record(base).get(ms_key)
         if v is not None and math.isclose(v, ms, rel_tol=1e-9, abs_tol=1e-12):
             found.append(ms_key)
     for key in found:
@@ -401,7 +402,7 @@ def ratio_detail(pinned: Mapping[str, Any], base: Mapping[str, Any] | None,
     """The 95 % interval of a pinned step's ratio to the resident figure it names: over the
     processes both were measured in where both are repeated cases (:mod:`ple_bench.uncertainty`;
     ``processes``: only those), else from the two records' kept samples (one process)."""
-    ms = num(pinned.get("offload_baseline_ms"))
+    ms = as_record(pinned).offload_baseline_ms
     if base is not None and ms is not None:
         key = baseline_figure(base, float(ms), pinned.get("offload_baseline_timer"),
                                pinned.get("offload_baseline_graph"))
@@ -449,7 +450,7 @@ def interval_of(pinned: Mapping[str, Any], base: Mapping[str, Any] | None) -> tu
     """The 95 % interval of a pinned step's ratio to the resident figure it names
     (``offload_baseline_ms`` of ``base``), from both records' kept samples (within one process);
     (None, None) where either has none.  The point ratio always lies inside it."""
-    ms, step = num(pinned.get("offload_baseline_ms")), num(pinned.get("step_ms"))
+    ms, step = as_record(pinned).offload_baseline_ms, as_record(pinned).step_ms
     if base is None or ms is None or step is None:
         return None, None
     a = _samples(pinned, "samples_ms") or _samples(pinned, "step_samples_ms")
@@ -476,8 +477,8 @@ def newest_verdicts(records: Iterable[Mapping[str, Any]], run_key: str = "_run_i
 
 def key_of(r: Mapping[str, Any]) -> tuple[int, Any, str, int]:
     """(table_bytes, compute, ids, num_tokens): what one verdict is about."""
-    return (int(num(r.get("table_bytes")) or 0), compute_of(r), str(r.get("ids") or "uniform"),
-            int(num(r.get("num_tokens")) or 0))
+    return (int(as_record(r).table_bytes or 0), compute_of(r), str(r.get("ids") or "uniform"),
+            int(as_record(r).num_tokens or 0))
 
 
 def _entry_order(e: Entry) -> tuple:
@@ -487,7 +488,7 @@ def _entry_order(e: Entry) -> tuple:
 
 def _judge(key: tuple, pinned: list[Mapping[str, Any]], ids: Mapping[str, Mapping[str, Any]]) -> Entry:
     table, compute, dist, tokens = key
-    with_base = [r for r in pinned if num(r.get("offload_baseline_ms")) is not None and num(r.get("step_ms")) is not None]
+    with_base = [r for r in pinned if as_record(r).offload_baseline_ms is not None and as_record(r).step_ms is not None]
     if not with_base:
         notes = sorted({str(r.get("offload_baseline_note")) for r in pinned if r.get("offload_baseline_note")})
         why = "no resident step (ids on the device, same workload) was measured here"
@@ -502,7 +503,7 @@ def _judge(key: tuple, pinned: list[Mapping[str, Any]], ids: Mapping[str, Mappin
     primaries = [r for r in stable_ones if r.get("impl") == PRIMARY_IMPL and not r.get("extra")]
     selection = ""
     if primaries:
-        best = sorted(primaries, key=lambda r: (r.get("graph") != "full", -int(num(r.get("processes")) or 1),
+        best = sorted(primaries, key=lambda r: (r.get("graph") != "full", -int(as_record(r).processes or 1),
                                                  str(r.get("case_id"))))[0]
         detail = ratio_detail(best, ids.get(str(best.get("offload_baseline"))))
     else:
@@ -563,7 +564,7 @@ def _select(cands: list[Mapping[str, Any]], ids: Mapping[str, Mapping[str, Any]]
 def verdicts(records: Iterable[Mapping[str, Any]]) -> list[Entry]:
     """The one verdict per (table, compute, ids, token count): see the module doc.  None for a
     functional run; largest table first, longest compute first, then ids and token counts."""
-    records = list(records)
+    records = [as_record(r) for r in records]
     if is_functional(records):
         return []
     ids = _by_id(records)
