@@ -367,3 +367,21 @@ def test_a_scenario_the_run_only_predicted_says_not_measured(tmp_path):
     assert a.verdict is None and a.host.max_batch > 0
     assert "host: not measured (kv_dtype=fp8" in a.sentence()
     assert a.sentence().endswith("→ no step measured (advise --model predicts one)")
+
+
+def test_a_repeated_serve_case_carries_and_prints_its_tokens_per_s_interval_over_processes():
+    from ple_bench.record import derive
+
+    recs = serve_records(contexts=(8192,))
+    host = max((r for r in recs if r.get("placement") == "host"), key=lambda r: r["serve_batch"])
+    step = host["step_ms"]
+    host["replicates"] = [{"process": p, "round": 0, "ms": {"step_ms": step * (1 + d)}, "se_ms": {}}
+                          for p, d in enumerate((-0.01, 0.0, 0.01, 0.0))]
+    host["processes"] = 4
+    derive(host, {})
+    assert host["tokens_per_s_ci_low"] < host["tokens_per_s"] < host["tokens_per_s_ci_high"]
+    assert host["ci_low_ms"] < step < host["ci_high_ms"]
+    (answer,) = serving_verdict(recs)
+    assert "95 % CI" in answer.sentence() and "4 processes" in answer.sentence()
+    point = answer.to_json()["placements"]["host"]["at_max"]
+    assert point["processes"] == 4 and point["tokens_per_s_ci"][0] < point["tokens_per_s"]

@@ -50,6 +50,9 @@ class ServePoint:
     case_id: str = ""
     batch_fraction: float | None = None
     stored_tokens_per_s: float | None = None  # a record's ``tokens_per_s``, as stored
+    #: a repeated case's 95 % interval of tokens/s over its processes (``tokens_per_s_ci_low/high``)
+    tokens_per_s_ci: tuple[float, float] | None = None
+    processes: int = 1
 
     @property
     def tokens_per_s(self) -> float:
@@ -236,7 +239,9 @@ class ServingAnswer:
     def to_json(self) -> dict[str, Any]:
         def point(p: ServePoint | None) -> dict[str, Any] | None:
             return None if p is None else {"serve_batch": p.serve_batch, "step_ms": p.step_ms, "tpot_ms": p.tpot_ms,
-                                           "tokens_per_s": p.tokens_per_s, "source": p.source}
+                                           "tokens_per_s": p.tokens_per_s, "source": p.source,
+                                           **({"tokens_per_s_ci": list(p.tokens_per_s_ci), "processes": p.processes}
+                                              if p.tokens_per_s_ci else {})}
 
         return {"model": self.scenario.model, "context_len": self.scenario.context_len,
                 "kv_dtype": self.scenario.kv_dtype, "table_bytes": self.scenario.table_bytes,
@@ -297,7 +302,15 @@ def _placement_words(pl: Placement, p: ServePoint | None, ctx: str, first: bool)
         what = "not measured" if pl.max_batch else "no batch fits"
         return f"{pl.name}: {what}" + (f" ({pl.reason})" if pl.reason else "")
     seqs = f"{p.serve_batch} sequences of {ctx} tokens" if first else f"{p.serve_batch} sequences"
-    return f"{pl.name}: {seqs}, {_tok(p.tokens_per_s)} tok/s at {_ms(p.tpot_ms)} ms TPOT{_label(p)}"
+    return f"{pl.name}: {seqs}, {_tok(p.tokens_per_s)} tok/s{_ci(p)} at {_ms(p.tpot_ms)} ms TPOT{_label(p)}"
+
+
+def _ci(p: ServePoint) -> str:
+    """`` (95 % CI a-b, k processes)`` for a repeated case's point, else nothing."""
+    if p.tokens_per_s_ci is None:
+        return ""
+    lo, hi = p.tokens_per_s_ci
+    return f" (95 % CI {_tok(lo)}-{_tok(hi)}, {p.processes} processes)"
 
 
 def _target_words(pl: Placement, p: ServePoint | None) -> str:
@@ -343,8 +356,10 @@ def point_of(r: Mapping[str, Any]) -> ServePoint | None:
     if r.get("status") != "ok" or not batch or not step or step <= 0:
         return None
     source = "predicted" if _s(r.get("kv_source")) == "predicted" else "measured"
+    lo, hi = num(r.get("tokens_per_s_ci_low")), num(r.get("tokens_per_s_ci_high"))
     return ServePoint(int(batch), float(step), source, _s(r.get("case_id")), num(r.get("batch_fraction")),
-                      num(r.get("tokens_per_s")))
+                      num(r.get("tokens_per_s")), (lo, hi) if lo and hi else None,
+                      int(num(r.get("processes")) or 1))
 
 
 def placement_of(records: Sequence[Mapping[str, Any]], placement: str) -> Placement:
