@@ -71,7 +71,7 @@ def serve_rows(train: tuple[list, list], test: tuple[list, list]) -> list[ServeR
         if preset is None:
             continue
         ask = ServingAsk(model=preset, context_len=ctx, kv_dtype=kv, table_bytes=table, dim=dim, dtype=dtype,
-                         heads=heads, hbm_bytes=int(r.get("hbm_bytes_total") or 0) or None, gpu=gpu,
+                         heads=heads, hbm_bytes=None if gpu else int(r.get("hbm_bytes_total") or 0) or None, gpu=gpu,
                          gpu_memory_utilization=util)
         try:
             adv = advise_serving(ask, *train, MODELS)

@@ -468,7 +468,7 @@ def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Se
     hbm = ask.hbm_bytes or (ask.gpu.memory_bytes if ask.gpu else None) or measured_hbm
     if hbm is None:
         raise ServingAdviseError("--hbm-bytes: the runs name no GPU memory (meta.json device.memory_bytes); "
-                                 "give the GPU (--gpu h100) or its HBM (--hbm-bytes 79.6GiB)")
+                                 "give the GPU (--gpu h100) or its HBM (--hbm-bytes 79.2GiB)")
     if ask.hbm_bytes is not None:
         near = near_card_words("--hbm-bytes", ask.hbm_bytes)
         if near:
