@@ -264,3 +264,24 @@ def test_the_best_pinned_sentence_names_the_row_it_quotes():
     quoted = rows[n - 1]
     assert quoted.path in text and f"{quoted.overhead_pct:+.0f} %" in text and quoted.checked
     assert "best checked pinned row" in text  # a better unchecked row exists (#2): the sentence says so
+
+
+def test_runs_of_two_gpus_are_answered_from_one_the_asked_cards_own_first(tmp_path):
+    # the archive holds H200 and H100 serve runs since 2026-12-07: one fit over both read as neither's
+    # rate and carried no term (advise --gpu b200 moved 58 % on TPOT); one GPU's runs answer, said so
+    from ple_bench.advise.model import load_runs
+    from ple_bench.advise.serving import ServingAsk, advise_serving
+    from ple_bench.serving.models import MODELS
+    from tests._fake_serve import TABLE_47_7
+
+    h200 = write_serve_run(tmp_path / "h200", rate_gbps=4000.0)
+    h100 = _h100_run(tmp_path, rate_gbps=2800.0)
+    recs, metas = load_runs([h200, h100])
+    ask = ServingAsk(get_model("qwen3-8b"), 8192, "bf16", TABLE_47_7, 160, "fp8", 16, gpu=get_gpu("h100"))
+    adv = advise_serving(ask, recs, metas, MODELS)
+    assert adv.sources == {"host": "measured", "hbm": "measured"}  # the H100's own rows
+    assert any("answered from the NVIDIA H100 80GB HBM3's" in n and "the card asked for" in n for n in adv.notes)
+    b200 = advise_serving(ServingAsk(get_model("qwen3-8b"), 8192, "bf16", TABLE_47_7, 160, "fp8", 16,
+                                     gpu=get_gpu("b200")), recs, metas, MODELS)
+    assert b200.source_figures.gpu is not None  # one card's runs: its terms are carried
+    assert any(n.startswith("runs: of several GPUs") for n in b200.notes)
