@@ -34,8 +34,10 @@ def test_every_preset_sources_every_figure_it_gives():
 
 
 def test_the_h100_and_h200_memory_is_what_the_cards_report():
-    assert get_gpu("h100").memory_bytes == 81559 * 2**20  # nvidia-smi on the H100 80GB HBM3
-    assert round(get_gpu("H100").memory_bytes / 2**30, 1) == 79.6
+    # torch's total_memory on the H100 80GB HBM3 (what the serving suite's capacity rule starts from),
+    # not nvidia-smi's 81 559 MiB: that one gave every H100 placement 1-2 sequences too many
+    assert get_gpu("h100").memory_bytes == 81079 * 2**20 == 85017493504
+    assert round(get_gpu("H100").memory_bytes / 2**30, 1) == 79.2
     assert round(get_gpu("h200").memory_bytes / 2**30, 1) == 139.8
     assert get_gpu("h100").kind_of("memory_bytes") == "measured"
     assert get_gpu("gh200").host_link == "NVLink-C2C" and get_gpu("gh200").h2d_gbps >= 375
@@ -49,7 +51,7 @@ def test_a_device_name_finds_its_preset_the_most_specific_first():
 
 
 def test_a_literal_size_near_a_card_but_not_it_is_flagged():
-    assert near_card(80_000_000_000).key == "h100"  # "80GB": 74.5 GiB against 79.6 reported
+    assert near_card(80_000_000_000).key == "h100"  # "80GB": 74.5 GiB against 79.2 reported (the A100 ties: the first)
     assert near_card(get_gpu("h100").memory_bytes) is None
     assert near_card(10 * 2**30) is None
 
@@ -209,6 +211,39 @@ def test_gpu_error_script_needs_two_gpus(tmp_path, capsys):
     assert "### The NVIDIA H100 80GB HBM3 from the NVIDIA H200" in out and "tok/s: median" in out
 
 
+@pytest.mark.parametrize("context, hbm, host", [(2048, 29, 198), (8192, 7, 49), (32768, 1, 12)])
+def test_the_h100_preset_gives_the_batches_the_h100_measured(context, hbm, host):
+    # the largest batches of the serving suite on an H100 80GB HBM3 (run 20261207-105832-serving-f8fa,
+    # quoted): the capacity rule on the preset's memory gives them, not one or two more
+    from ple_bench.advise.serving import ServingAsk, served_capacity
+    from tests._fake_serve import TABLE_47_7
+
+    ask = ServingAsk(get_model("qwen3-8b"), context, "bf16", TABLE_47_7, 160, "fp8", 16)
+    h100 = get_gpu("h100").memory_bytes
+    assert served_capacity(ask, "hbm", h100, None).max_batch == hbm
+    assert served_capacity(ask, "host", h100, None).max_batch == host
+
+
+def test_across_gpus_the_target_cards_memory_is_its_presets_not_its_records(tmp_path):
+    # advise --gpu h100 knows the card's memory from the preset alone; the cross-GPU table must ask the
+    # same way, so a preset that is off shows up as a batch off (here the records claim nvidia-smi's size)
+    from ple_bench.advise.cross_gpu import by_gpu, serve_rows
+    from ple_bench.advise.model import load_runs
+    from tests._fake_serve import serve_records
+    from tests._fake_runs import gpu_meta, write_run
+
+    smi = 81559 * 2**20
+    recs = serve_records(hbm_bytes=smi, rate_gbps=2800.0)
+    meta = gpu_meta("2026-12-07T10-00-00-serve", suite="serving")
+    meta["device"] = dict(meta["device"], name="NVIDIA H100 80GB HBM3", memory_bytes=smi)
+    h100 = write_run(tmp_path / "h100", "2026-12-07T10-00-00-serve", meta, recs)
+    h200 = write_serve_run(tmp_path / "h200", rate_gbps=4000.0)
+    groups = by_gpu(*load_runs([h200, h100]))
+    rows = serve_rows(groups["NVIDIA H200"], groups["NVIDIA H100 80GB HBM3"])
+    two_k_host = next(r for r in rows if (r.context, r.placement) == (2048, "host"))
+    assert two_k_host.predicted_batch == 198 < two_k_host.measured_batch
+
+
 # ---------------------------------------------------------------- issue 43, defect 6
 
 def test_the_best_pinned_sentence_names_the_row_it_quotes():
@@ -229,3 +264,24 @@ def test_the_best_pinned_sentence_names_the_row_it_quotes():
     quoted = rows[n - 1]
     assert quoted.path in text and f"{quoted.overhead_pct:+.0f} %" in text and quoted.checked
     assert "best checked pinned row" in text  # a better unchecked row exists (#2): the sentence says so
+
+
+def test_runs_of_two_gpus_are_answered_from_one_the_asked_cards_own_first(tmp_path):
+    # the archive holds H200 and H100 serve runs since 2026-12-07: one fit over both read as neither's
+    # rate and carried no term (advise --gpu b200 moved 58 % on TPOT); one GPU's runs answer, said so
+    from ple_bench.advise.model import load_runs
+    from ple_bench.advise.serving import ServingAsk, advise_serving
+    from ple_bench.serving.models import MODELS
+    from tests._fake_serve import TABLE_47_7
+
+    h200 = write_serve_run(tmp_path / "h200", rate_gbps=4000.0)
+    h100 = _h100_run(tmp_path, rate_gbps=2800.0)
+    recs, metas = load_runs([h200, h100])
+    ask = ServingAsk(get_model("qwen3-8b"), 8192, "bf16", TABLE_47_7, 160, "fp8", 16, gpu=get_gpu("h100"))
+    adv = advise_serving(ask, recs, metas, MODELS)
+    assert adv.sources == {"host": "measured", "hbm": "measured"}  # the H100's own rows
+    assert any("answered from the NVIDIA H100 80GB HBM3's" in n and "the card asked for" in n for n in adv.notes)
+    b200 = advise_serving(ServingAsk(get_model("qwen3-8b"), 8192, "bf16", TABLE_47_7, 160, "fp8", 16,
+                                     gpu=get_gpu("b200")), recs, metas, MODELS)
+    assert b200.source_figures.gpu is not None  # one card's runs: its terms are carried
+    assert any(n.startswith("runs: of several GPUs") for n in b200.notes)

@@ -4,7 +4,7 @@ The data is ``gpus.toml`` beside this module (its header defines every key).  :f
 a preset by key or alias (:class:`GpuError` listing the names otherwise); :func:`gpu_of_device`
 finds the preset of a run's GPU from meta.json ``device.name``; :func:`near_card` says when a
 literal memory size (``--hbm-bytes 80GB``) is within :data:`NEAR_SHARE` of a known card's reported
-memory but not it -- "80GB" read as 74.5 GiB on a card that reports 79.6 GiB.
+memory but not it -- "80GB" read as 74.5 GiB on a card that reports 79.2 GiB.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from ..serving.slo import (
     PLACEMENT_NAMES as PLACE, PLACEMENTS, Placement, Scenario, ServePoint, ServingAnswer, answer_for, placement_of,
 )
 from ..units import DTYPE_BYTES, format_bytes
-from .gpus import Gpu, near_card_words
+from .gpus import Gpu, gpu_of_device, near_card_words
 from .model import bounded_fit
 from .serve_machine import Figures, Scales, matmul_flops_per_seq, runs_figures, scales, target_figures
 
@@ -458,17 +458,46 @@ def served_capacity(ask: "ServingAsk", placement: str, hbm_bytes: int, host_byte
                    gpu_memory_utilization=ask.gpu_memory_utilization, host_bytes=host_bytes)
 
 
+def one_gpus_runs(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]],
+                  gpu: Gpu | None) -> tuple[list, list, str]:
+    """The runs of one GPU where the runs span several (meta.json ``device.name``): the asked card's
+    own where it has serve records, else the GPU with the most serve records; and the note saying so
+    ("" where the runs are of one GPU).  One step model is fitted on one machine: the serve records of
+    two GPUs in one fit read as neither's rate, and no term is carried."""
+    names = {m.get("run_id"): str((m.get("device") or {}).get("name") or "") for m in metas}
+    gpus_named = sorted({n for n in names.values() if n})
+    if len(gpus_named) < 2:
+        return list(records), list(metas), ""
+    serve: dict[str, int] = {}
+    for r in records:
+        if r.get("kind") == "serve" and r.get("status") == "ok":
+            n = names.get(r.get("_run_id"), "")
+            serve[n] = serve.get(n, 0) + 1
+    own = [n for n in gpus_named if gpu is not None and gpu_of_device(n) is not None
+           and gpu_of_device(n).key == gpu.key and serve.get(n)]
+    pick = own[0] if own else max(gpus_named, key=lambda n: (serve.get(n, 0), sum(v == n for v in names.values())))
+    keep = {rid for rid, n in names.items() if n == pick}
+    others = ", ".join(n for n in gpus_named if n != pick)
+    return ([r for r in records if r.get("_run_id") in keep], [m for m in metas if m.get("run_id") in keep],
+            f"runs: of several GPUs; answered from the {pick}'s ({len(keep)} runs"
+            + (", the card asked for" if own else ", the most serve records") + f"), not the {others}'s "
+            "(give --runs of one GPU to choose)")
+
+
 def advise_serving(ask: ServingAsk, records: Sequence[dict[str, Any]], metas: Sequence[dict[str, Any]],
                    models: dict[str, ModelPreset]) -> ServingAdvice:
     """The serving answer for ``ask`` from the runs' records (see the module's doc)."""
     records = [as_record(r) for r in records]  # typed once: the readers below take Records
     notes: list[str] = []
+    records, metas, one_gpu = one_gpus_runs(records, metas, ask.gpu)
+    if one_gpu:
+        notes.append(one_gpu)
     warnings: list[str] = []
     measured_hbm = run_hbm_bytes(records, metas)
     hbm = ask.hbm_bytes or (ask.gpu.memory_bytes if ask.gpu else None) or measured_hbm
     if hbm is None:
         raise ServingAdviseError("--hbm-bytes: the runs name no GPU memory (meta.json device.memory_bytes); "
-                                 "give the GPU (--gpu h100) or its HBM (--hbm-bytes 79.6GiB)")
+                                 "give the GPU (--gpu h100) or its HBM (--hbm-bytes 79.2GiB)")
     if ask.hbm_bytes is not None:
         near = near_card_words("--hbm-bytes", ask.hbm_bytes)
         if near:
