@@ -717,3 +717,31 @@ def test_history_page_over_commits(tmp_path):
     assert code == 2 and "no runs of suite 'nope'" in out
     code, out = run_cli("--history", str(res), "--vs", str(paths[0]))
     assert code == 2 and "takes no --vs" in out
+
+
+def _repeated_run(tmp_path, run_id: str, center_ms: float, seed: int) -> Path:
+    """One run of two lookups, each repeated in 4 processes x 2 rounds (process-level spread ~1 %)."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for tokens in (256, 1024):
+        case = Case(kind="lookup", impl="device", num_tokens=tokens)
+        reps = [{"process": p, "round": r, "ms": {"median_ms": center_ms * tokens / 256 * (1 + rng.normal(0, 0.01))},
+                 "se_ms": {}} for p in range(4) for r in range(2)]
+        samples = [reps[0]["ms"]["median_ms"]] * 9
+        rec = lookup_record(case, samples, None, CEILINGS, replicates=reps, processes=4, rounds=2)
+        rec["median_ms"] = statistics.fmean(e["ms"]["median_ms"] for e in reps)
+        recs.append(rec)
+    return write_run(tmp_path, run_id, gpu_meta(run_id), recs)
+
+
+def test_repeated_cases_are_judged_on_their_process_means_with_one_run_a_side(tmp_path):
+    base = _repeated_run(tmp_path, "20261207-100000-nightly-aaaa", 1.0, seed=1)
+    same = _repeated_run(tmp_path, "20261207-110000-nightly-bbbb", 1.0, seed=2)
+    slow = _repeated_run(tmp_path, "20261207-120000-nightly-cccc", 1.10, seed=3)
+    quiet = compare_runs([base], [same])
+    assert quiet.exit_code == 0 and {c.basis for c in quiet.cases} == {"processes"}
+    assert all(c.n_baseline == 4 and c.n_candidate == 4 for c in quiet.cases) and not quiet.advisory
+    loud = compare_runs([base], [slow])
+    # one run a side, yet a 10 % slowdown over 4 independent processes a side fails the gate (not advisory)
+    assert loud.exit_code == 1 and len(loud.regressions) == 2
+    assert all(c.p_adjusted is not None and c.p_adjusted <= 0.05 for c in loud.regressions)

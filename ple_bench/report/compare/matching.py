@@ -44,18 +44,26 @@ def compare_run_medians(bases: Sequence[dict[str, Any]], cands: Sequence[dict[st
     cmeds = [m for m in (run_median(r) for r in cands) if m is not None]
     bm = statistics.median(bmeds) if bmeds else None
     cm = statistics.median(cmeds) if cmeds else None
+    return _one_sided(bases, cands, bmeds, cmeds, bm, cm, mann_whitney_p, "runs", threshold_pct, alpha,
+                      enough=len(bmeds) >= min_runs and len(cmeds) >= min_runs)
+
+
+def _one_sided(bases, cands, b_obs, c_obs, bm, cm, test, basis: str, threshold_pct: float, alpha: float,
+               enough: bool = True) -> CaseComparison:
+    """One case's verdict on independent observations a side: the change of ``bm`` to ``cm``, and
+    ``test`` one-sided in the direction of the change (change > 0: is the candidate slower, the
+    baseline stochastically less?  < 0: faster?)."""
     change = change_pct(bm, cm)
     p_value = None
-    if len(bmeds) < min_runs or len(cmeds) < min_runs or change is None:
+    if not enough or change is None:
         verdict = "insufficient"
     elif change == 0:
         p_value, verdict = 1.0, "same"
     else:
-        # change > 0: is the candidate slower (baseline stochastically less)?  < 0: faster?
-        p_value = mann_whitney_p(bmeds, cmeds, alternative="less" if change > 0 else "greater")
+        p_value = test(b_obs, c_obs, alternative="less" if change > 0 else "greater")
         verdict = decide(change, p_value, threshold_pct, alpha)
-    return _comparison(bases, cands, bm, cm, change, p_value, len(bmeds), len(cmeds), verdict, "runs",
-                       noise_pct(bmeds), noise_pct(cmeds))
+    return _comparison(bases, cands, bm, cm, change, p_value, len(b_obs), len(c_obs), verdict, basis,
+                       noise_pct(b_obs), noise_pct(c_obs))
 
 
 def process_means(records: Sequence[dict[str, Any]]) -> list[float] | None:
@@ -88,16 +96,9 @@ def compare_processes(bases: Sequence[dict[str, Any]], cands: Sequence[dict[str,
     if bp is None or cp is None:
         return None
     bm, cm = statistics.fmean(bp), statistics.fmean(cp)
-    change = change_pct(bm, cm)
-    if change is None:
+    if change_pct(bm, cm) is None:
         return None
-    if change == 0:
-        p_value, verdict = 1.0, "same"
-    else:
-        p_value = welch_p(bp, cp, alternative="less" if change > 0 else "greater")
-        verdict = decide(change, p_value, threshold_pct, alpha)
-    return _comparison(bases, cands, bm, cm, change, p_value, len(bp), len(cp), verdict, "processes",
-                       noise_pct(bp), noise_pct(cp))
+    return _one_sided(bases, cands, bp, cp, bm, cm, welch_p, "processes", threshold_pct, alpha)
 
 
 def _comparison(bases, cands, bm, cm, change, p_value, nb, nc, verdict, basis, b_noise, c_noise) -> CaseComparison:
