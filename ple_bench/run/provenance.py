@@ -7,7 +7,8 @@ facts measured on the ranks are added to the same file as they become known, thr
 :func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
 own workers, by ``run.torchrun`` under torchrun, which also adds every rank), and the per-case
 ceilings of each case -- host-gather, random-row (:func:`keep_case_ceilings`, from the case's
-``CaseResult``, called by the suite loop)."""
+``CaseResult``, called by the suite loop).  The run holds its meta as one
+:class:`~ple_bench.run_meta.RunMeta` (what the readers load too), changed here only."""
 
 from __future__ import annotations
 
