@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .gpus import gpu_of_device
 from .machine import measured_machine
 from .model import build_model, changed_configuration, heldout_runs, step_points
 from ..record import device_resident, num
 from .serving import ServingAsk, ServingAdviseError, advise_serving, bytes_read
+from ..run_meta import as_meta
 from ..serving.models import MODELS
 
 #: the band of the per-step verdict (the lookup verdict's ±5 %)
 BAND = 0.05
 
 
-def gpu_name(meta: dict[str, Any]) -> str:
-    return str((meta.get("device") or {}).get("name") or "unknown GPU")
+def gpu_name(meta: Mapping[str, Any]) -> str:
+    device = as_meta(meta).device
+    return device.name if device is not None and device.name else "unknown GPU"
 
 
 @dataclass

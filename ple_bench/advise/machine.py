@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..record import num
+from ..run_meta import CaseCeiling, as_meta
 from ..units import tomllib
 
 #: a random row read moves at least one 64-byte sector pair from DRAM (and one PCIe read request):
@@ -122,32 +122,31 @@ def _median(vals: Iterable[float | None]) -> float | None:
 def measured_machine(metas: Sequence[Mapping[str, Any]]) -> Machine:
     """The machine the runs measured: the median of their ceilings, the device they name."""
     m = Machine()
-    ceil = [(x.get("ceilings") or {}) for x in metas]
-    dev = [x.get("device") for x in metas if isinstance(x.get("device"), dict)]
+    metas = [as_meta(x) for x in metas]
+    ceil = [x.ceilings for x in metas]
+    dev = [x.device for x in metas if x.device is not None]
     n = len(metas)
-    m.h2d_gbps = _median(num(c.get("h2d_gbps")) for c in ceil)
-    m.hbm_read_gbps = _median(num(c.get("hbm_read_gbps")) or num(c.get("d2d_gbps")) for c in ceil)
-    mem = _median(num(d.get("memory_bytes")) for d in dev)
+    m.h2d_gbps = _median(c.h2d_gbps for c in ceil)
+    m.hbm_read_gbps = _median(c.hbm_read_gbps or c.d2d_gbps for c in ceil)
+    mem = _median(d.memory_bytes for d in dev)
     m.hbm_bytes = int(mem) if mem else None
-    sms = _median(num(d.get("sm_count")) for d in dev)
+    sms = _median(d.sm_count for d in dev)
     m.sms = int(sms) if sms else None
     rates, threads = [], []
     for c in ceil:
         best: dict[tuple, tuple[float, float]] = {}
-        for v in ((c.get("host_gather") or {}).values()):
-            if not isinstance(v, dict):
-                continue
-            rows, ms = num(v.get("rows")), num(v.get("ms"))
+        for v in c.host_gather:
+            rows, ms = v.rows, v.ms
             if rows and ms:
-                k = (v.get("table_bytes"), v.get("row_bytes"))
+                k = (v.table_bytes, v.row_bytes)
                 if rows > best.get(k, (0, 0))[0]:
                     best[k] = (rows, rows / (ms * 1e-3))
-                threads.append(num(v.get("threads")))
+                threads.append(v.threads)
         rates += [r for _, r in best.values()]
     m.host_gather_rows_per_s = _median(rates)
     t = _median(threads)
     m.host_cores = int(t) if t else None
-    hbm_src = "hbm_read_gbps" if any(num(c.get("hbm_read_gbps")) for c in ceil) else "d2d_gbps"
+    hbm_src = "hbm_read_gbps" if any(c.hbm_read_gbps for c in ceil) else "d2d_gbps"
     for k, what in (("h2d_gbps", "h2d_gbps"), ("hbm_read_gbps", hbm_src), ("hbm_bytes", "device.memory_bytes"),
                     ("sms", "device.sm_count"), ("host_gather_rows_per_s", "host_gather ceilings, largest rows"),
                     ("host_cores", "host_gather ceilings' threads")):
@@ -238,29 +237,27 @@ class CeilingRates:
         rr: dict[tuple, dict[tuple[int, int], list[tuple[float, float]]]] = {}
         hg: dict[str, dict[tuple[int, int], list[tuple[float, float]]]] = {}
         for m in metas:
-            c = m.get("ceilings") or {}
-            for v in (c.get("random_row") or {}).values():
+            c = as_meta(m).ceilings
+            for v in c.random_row:
                 shape = self._usable(v)
                 if shape is None:
                     continue
-                k = (str(v.get("memory")), str(v.get("order") or "random"), str(v.get("ids") or "uniform"),
-                     str(v.get("host_alloc") or "torch"))
-                rr.setdefault(k, {}).setdefault(shape, []).append((float(v["rows"]), float(v["ms"])))
-            for v in (c.get("host_gather") or {}).values():
+                k = (str(v.memory), v.order or "random", v.ids or "uniform", v.host_alloc or "torch")
+                rr.setdefault(k, {}).setdefault(shape, []).append((v.rows, v.ms))
+            for v in c.host_gather:
                 shape = self._usable(v)
                 if shape is None:
                     continue
-                hg.setdefault(str(v.get("ids") or "uniform"), {}).setdefault(shape, []).append(
-                    (float(v["rows"]), float(v["ms"])))
+                hg.setdefault(v.ids or "uniform", {}).setdefault(shape, []).append((v.rows, v.ms))
         self.random_row = {k: _Curve({s: _slope_per_row(e) for s, e in d.items()}) for k, d in rr.items()}
         self.host_gather = {k: _Curve({s: _slope_per_row(e) for s, e in d.items()}) for k, d in hg.items()}
 
-    def _usable(self, v: Any) -> tuple[int, int] | None:
+    def _usable(self, v: CaseCeiling) -> tuple[int, int] | None:
         """The (table bytes, row bytes) of a ceiling entry with a time and a row count, None where
         it has neither or its shape is left out."""
-        if not isinstance(v, dict) or not (num(v.get("ms")) and num(v.get("rows"))):
+        if not v.timed:
             return None
-        shape = (int(num(v.get("table_bytes")) or 0), int(num(v.get("row_bytes")) or 0))
+        shape = (int(v.table_bytes or 0), int(v.row_bytes or 0))
         return None if self._skip(shape) else shape
 
     def _skip(self, shape: tuple[int, int]) -> bool:

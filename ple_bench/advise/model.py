@@ -85,11 +85,12 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from ..record import Record, as_record, device_resident, num, resident_figures
+from ..record import Record, as_record, device_resident, resident_figures
 from .compute_kind import compute_kind
 from .machine import CeilingRates, Machine, measured_machine
 from ..impl_facts import facts_of, impls_where
-from ..results import load_meta, load_records
+from ..results import load_records
+from ..run_meta import RunMeta, as_meta
 
 GIB = 1 << 30
 #: a table within this factor of a measured one counts as measured (47.7 GiB vs 51.2 GB)
@@ -287,26 +288,26 @@ class Rates:
 def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]) -> Rates:
     """The machine rates from lookup records and meta.json ceilings."""
     records = [as_record(r) for r in records]
-    metas = list(metas)
+    metas = [as_meta(m) for m in metas]
     rates = Rates(ceilings=CeilingRates(metas), machine=measured_machine(metas))
     rates.sources["ceilings"] = (f"per-case random_row / host_gather ceilings of {len(metas)} run(s)' meta.json"
                                  if metas else "no meta.json: the rate terms are the links' bytes only")
     for m in metas:
-        for v in ((m.get("ceilings") or {}).get("host_gather") or {}).values():
-            if isinstance(v, dict) and num(v.get("ms")) and num(v.get("rows")) and num(v.get("row_bytes")):
-                rates.measured_threads = int(num(v.get("threads")) or rates.measured_threads)
-                rps = float(v["rows"]) / (float(v["ms"]) * 1e-3)
+        for v in m.ceilings.host_gather:
+            if v.timed and v.row_bytes:
+                rates.measured_threads = int(v.threads or rates.measured_threads)
+                rps = v.rows / (v.ms * 1e-3)
                 fhg = rates.floor_host_gather_rows_per_s
-                fhg[int(v["row_bytes"])] = max(fhg.get(int(v["row_bytes"]), 0.0), rps)
+                fhg[int(v.row_bytes)] = max(fhg.get(int(v.row_bytes), 0.0), rps)
     if rates.floor_host_gather_rows_per_s:
         rates.sources["floor_host_gather"] = "the fastest host_gather ceiling (rows/s) of the runs' meta.json"
-    h2d = [num((m.get("ceilings") or {}).get("h2d_gbps")) for m in metas]
+    h2d = [m.ceilings.h2d_gbps for m in metas]
     h2d = [v for v in h2d if v]
     if h2d:
         rates.h2d_gbps = statistics.median(h2d)
         rates.floor_h2d_gbps = max(h2d)
         rates.sources["h2d_gbps"] = f"median h2d_gbps of {len(h2d)} runs' ceilings (the floor: their fastest)"
-    d2d = [num((m.get("ceilings") or {}).get("d2d_gbps")) for m in metas]
+    d2d = [m.ceilings.d2d_gbps for m in metas]
     d2d = [v for v in d2d if v]
     if d2d:
         rates.floor_d2d_gbps = max(d2d)
@@ -325,7 +326,7 @@ def calibrate(records: Iterable[dict[str, Any]], metas: Iterable[dict[str, Any]]
             rates.reduce_points = len(xs)
             rates.sources["reduce"] = f"least squares on {len(xs)} ETP lookups' reduce_ms vs reduce_bytes"
     if rates.reduce_busbw_gbps is None:
-        bw = [num(v) for m in metas for k, v in (m.get("ceilings") or {}).items() if k.startswith("allreduce_busbw")]
+        bw = [v for m in metas for v in m.ceilings.starting("allreduce_busbw")]
         bw = [v for v in bw if v]
         if bw:
             rates.reduce_busbw_gbps = statistics.median(bw)
@@ -1049,12 +1050,13 @@ def error_markdown(m: Model) -> str:
     return "\n".join(lines)
 
 
-def load_runs(run_dirs: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every record (tagged with ``_run_id``) and every meta.json of the run folders."""
-    records, metas = [], []
+def load_runs(run_dirs: Sequence[str | Path]) -> tuple[list[dict[str, Any]], list[RunMeta]]:
+    """Every record (tagged with ``_run_id``) and every meta.json (typed) of the run folders."""
+    records: list[dict[str, Any]] = []
+    metas: list[RunMeta] = []
     for d in run_dirs:
         run_id = Path(d).name
-        metas.append(load_meta(d))
+        metas.append(RunMeta.load(d))
         for r in load_records(d):
             r["_run_id"] = run_id
             records.append(r)

@@ -41,7 +41,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from ..record import as_record, num
+from ..record import as_record
+from ..run_meta import as_meta
 from ..verdict import stable
 from ..serving.capacity import Capacity, batch_at as serve_batch, served_capacity as _served
 from ..serving.models import ModelPreset
@@ -254,7 +255,7 @@ def exposed_lookup_ms(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def floor_of(metas: Sequence[dict[str, Any]]) -> float | None:
     """The fastest ``hbm_read_gbps`` ceiling of the runs (a lower bound on any step's time)."""
-    vals = [num((m.get("ceilings") or {}).get("hbm_read_gbps")) for m in metas]
+    vals = [as_meta(m).ceilings.hbm_read_gbps for m in metas]
     vals = [v for v in vals if v]
     return max(vals) if vals else None
 
@@ -432,8 +433,8 @@ def run_hbm_bytes(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, A
     capacity rule started from), else meta.json ``device.memory_bytes``; the largest."""
     serve = [r for r in map(as_record, records) if r.kind == "serve" and r.hbm_bytes_total]
     gpu = [r for r in serve if r.mode != "functional"]
-    vals = [r.hbm_bytes_total for r in (gpu or serve)] or [num((m.get("device") or {}).get("memory_bytes")) for m in metas
-                                      if isinstance(m.get("device"), dict)]
+    devices = [d for d in (as_meta(m).device for m in metas) if d is not None]
+    vals = [r.hbm_bytes_total for r in (gpu or serve)] or [d.memory_bytes for d in devices]
     vals = [v for v in vals if v]
     return int(max(vals)) if vals else None
 
@@ -441,7 +442,7 @@ def run_hbm_bytes(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, A
 def run_host_bytes(metas: Sequence[dict[str, Any]]) -> int | None:
     """The host memory of the machine the runs measured (meta.json ``device.host_memory_bytes``; the
     smallest)."""
-    vals = [num((m.get("device") or {}).get("host_memory_bytes")) for m in metas if isinstance(m.get("device"), dict)]
+    vals = [d.host_memory_bytes for d in (as_meta(m).device for m in metas) if d is not None]
     vals = [v for v in vals if v]
     return int(min(vals)) if vals else None
 
@@ -596,7 +597,7 @@ def uva_ms_per_row(records: Sequence[dict[str, Any]], metas: Sequence[dict[str, 
             per.append(max(0.0, e) / rows)
     if per:
         return statistics.median(per), f"measured: median exposed lookup per row of {len(per)} prefetched UVA decode steps"
-    rates = [num((m.get("ceilings") or {}).get("pinned_random_row_rows_per_s")) for m in metas]
+    rates = [as_meta(m).ceilings.pinned_random_row_rows_per_s for m in metas]
     rates = [v for v in rates if v]
     if rates:
         return 1e3 / statistics.median(rates), ("assumed: each row at the runs' pinned random-row ceiling, not hidden "

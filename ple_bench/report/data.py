@@ -10,6 +10,8 @@ plot series.  Nothing here measures; no torch import.
 from __future__ import annotations
 
 import math
+import numbers
+import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,8 +20,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..impl_facts import impls_where
 from ..record import Record, as_record
-from ..record import num as _num  # not re-exported: readers of records read typed fields
-from ..results import LostLine, kept_samples, load_meta, load_records, not_reached
+from ..results import LostLine, kept_samples, load_records, not_reached
+from ..run_meta import RunMeta, as_meta
 from ..units import format_bytes
 
 # Case axes, in the order a person reads them.  ``seed`` and ``extra`` are
@@ -52,24 +54,25 @@ class BadRunError(Exception):
 
 @dataclass
 class Run:
-    """One stored run: its directory, meta.json and records."""
+    """One stored run: its directory, meta.json (typed: :class:`~ple_bench.run_meta.RunMeta`) and records."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: RunMeta
     records: list[Record] = field(default_factory=list)  # typed read-only views (normalize)
     lost: list[LostLine] = field(default_factory=list)  # lines of records.jsonl that are not records
 
     def __post_init__(self) -> None:
-        # a run built in memory reads its records through the same typed view as a loaded one
+        # a run built in memory reads its meta and records through the same typed views as a loaded one
+        self.meta = as_meta(self.meta)
         self.records = [as_record(r) for r in self.records]
 
     @property
     def run_id(self) -> str:
-        return str(self.meta.get("run_id") or self.path.name)
+        return self.meta.run_id or self.path.name
 
     @property
     def suite(self) -> str:
-        return str(self.meta.get("suite") or "?")
+        return self.meta.suite or "?"
 
     @property
     def ok(self) -> list[dict[str, Any]]:
@@ -78,9 +81,9 @@ class Run:
     @property
     def mode(self) -> str:
         """gpu | functional; a run whose meta says nothing takes its records' word."""
-        mode = self.meta.get("mode")
+        mode = self.meta.mode
         if mode:
-            return str(mode)
+            return mode
         modes = {r.get("mode") for r in self.records if r.get("mode")}
         if modes == {"functional"}:
             return "functional"
@@ -92,32 +95,22 @@ class Run:
 
     @property
     def ceilings(self) -> dict[str, float]:
-        """Bandwidth ceilings (GB/s): the numeric ``*gbps*`` entries of meta's ceilings."""
-        out = {}
-        for name, value in self._raw_ceilings().items():
-            v = _num(value)
-            if "gbps" in str(name) and v is not None and v > 0:
-                out[str(name)] = v
-        return out
+        """Bandwidth ceilings (GB/s): the positive ``*gbps*`` figures of meta's ceilings."""
+        return self.meta.ceilings.gbps
 
     @property
     def ceiling_notes(self) -> dict[str, Any]:
-        """The other entries of meta's ceilings (rows/s figures, timer, how long they took)."""
-        return {str(k): v for k, v in self._raw_ceilings().items() if str(k) not in self.ceilings}
-
-    def _raw_ceilings(self) -> dict[str, Any]:
-        raw = self.meta.get("ceilings")
-        return raw if isinstance(raw, dict) else {}
+        """The other entries of meta's ceilings (rows/s figures, timer, how long they took), as stored."""
+        gbps = self.ceilings
+        return {str(k): v for k, v in self.meta.ceilings.raw.items() if str(k) not in gbps}
 
     def ceiling_value(self, name: str) -> float | None:
         """One positive number from meta's ceilings (GB/s or rows/s), or None."""
-        v = _num(self._raw_ceilings().get(name))
-        return v if v is not None and v > 0 else None
+        return self.meta.ceilings.positive(name)
 
-    def row_ceiling(self, base: str, row_bytes: Any) -> tuple[str, float] | None:
+    def row_ceiling(self, base: str, row_bytes: float | int | None) -> tuple[str, float] | None:
         """``base`` measured at this row size (``<base>_<N>B``) when stored, else ``base``."""
-        rb = _num(row_bytes)
-        names = ([f"{base}_{int(rb)}B"] if rb is not None else []) + [base]
+        names = ([f"{base}_{int(row_bytes)}B"] if row_bytes is not None else []) + [base]
         for name in names:
             v = self.ceiling_value(name)
             if v is not None:
@@ -128,18 +121,18 @@ class Run:
     def not_reached(self) -> dict[str, list[str]]:
         """The cases the run was to record and did not (an interrupted or aborted run), by suite
         group; empty for a finished run and for a run whose meta.json does not list its cases."""
-        return not_reached(self.meta, (r.get("case_id") for r in self.records)) or {}
+        return not_reached(self.meta, (r.case_id for r in self.records)) or {}
 
     @property
     def n_expected(self) -> int:
         """How many cases the run was to record: its records and the cases not reached (a run
         that predates the list: ``num_cases``, if larger)."""
         listed = len(self.records) + sum(map(len, self.not_reached.values()))
-        return max(listed, int(_num(self.meta.get("num_cases")) or 0))
+        return max(listed, self.meta.num_cases or 0)
 
     @property
     def started_at(self) -> str:
-        return str(self.meta.get("started_at") or "")
+        return self.meta.started_at or ""
 
 
 def load_run(run_dir: str | Path, warn: bool = True) -> Run:
@@ -153,7 +146,7 @@ def load_run(run_dir: str | Path, warn: bool = True) -> Run:
     if not (path / "meta.json").exists():
         raise BadRunError(f"{path}: not a ple_bench run (no meta.json)")
     try:
-        meta = load_meta(path)
+        meta = RunMeta.load(path)
         lost: list[LostLine] = []
         records = load_records(path, lost=lost, warn=warn)
     except (OSError, ValueError) as exc:
@@ -244,17 +237,25 @@ def axis_value(record: dict[str, Any], axis: str) -> Any:
     return value
 
 
+def is_number(value: Any) -> bool:
+    """``value`` is a finite number (an int or float, not a bool).  A type test of a typed value
+    (a :class:`Record`'s field, a figure of :class:`~ple_bench.run_meta.RunMeta`, a JSON number of
+    an untyped object such as a record's ``extra``): no text is read as a number here."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def fmt(value: Any, digits: int = 4) -> str:
-    """Human formatting: 4 significant digits, thousands separators, '' for None."""
+    """Human formatting: 4 significant digits, thousands separators, '' for None; text (and a
+    NaN or infinity) as it is."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, int):
+    if isinstance(value, numbers.Integral):
         return f"{value:,}"
-    f = _num(value)
-    if f is None:
+    if not is_number(value):
         return str(value)
+    f = float(value)
     if f == 0:
         return "0"
     if abs(f) >= 10 ** digits:
@@ -264,10 +265,15 @@ def fmt(value: Any, digits: int = 4) -> str:
     return f"{f:.{digits}g}"
 
 
-def fmt_bytes(n: Any) -> str:
-    """A stored byte count for display (:func:`ple_bench.units.format_bytes`); "" where there is none."""
-    f = _num(n)
-    return "" if f is None else format_bytes(f)
+def safe_name(name: str) -> str:
+    """``name`` as a file or folder name: every character but letters, digits, ``_ - . +`` as ``_``;
+    ``run`` for an empty name."""
+    return re.sub(r"[^\w.+-]", "_", name) or "run"
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    """A byte count for display (:func:`ple_bench.units.format_bytes`); "" where there is none."""
+    return format_bytes(float(n)) if is_number(n) else ""
 
 
 def describe(record: dict[str, Any], axes: Iterable[str] = ("impl", "dtype")) -> str:
@@ -365,14 +371,14 @@ def slice_series(records: Sequence[dict[str, Any]], x: str, series_axes: Sequenc
         others.sort(key=lambda a: len({_hashable(axis_value(r, a)) for r in records}))
         axis = others.pop(0)
         counts = Counter(_hashable(axis_value(r, axis)) for r in records)
-        best = max(counts.items(), key=lambda kv: (kv[1], _sort_key(kv[0])))[0]
+        best = max(counts.items(), key=lambda kv: (kv[1], order_key(kv[0])))[0]
         fixed[axis] = best
         records = [r for r in records if _hashable(axis_value(r, axis)) == best]
 
 
-def _sort_key(value: Any) -> tuple:
-    f = _num(value)
-    return (0, f, "") if f is not None else (1, 0.0, str(value))
+def order_key(value: Any) -> tuple:
+    """How axis values sort: numbers by value first, then anything else by its text."""
+    return (0, float(value), "") if is_number(value) else (1, 0.0, str(value))
 
 
 def x_value(record: dict[str, Any], x: str) -> Any:
@@ -384,11 +390,11 @@ def x_value(record: dict[str, Any], x: str) -> Any:
 def points(records: Sequence[dict[str, Any]], x: str, y: str) -> list[tuple[float, float]]:
     """(x, median y) pairs sorted by x; several records at one x give their median."""
     by_x: dict[float, list[float]] = {}
-    for r in records:
-        xv, yv = _num(x_value(r, x)), _num(r.get(y))
-        if xv is None or yv is None:
+    for r in map(as_record, records):
+        xv, yv = x_value(r, x), r.get(y)
+        if not (is_number(xv) and is_number(yv)):
             continue
-        by_x.setdefault(xv, []).append(yv)
+        by_x.setdefault(float(xv), []).append(float(yv))
     return [(xv, statistics.median(ys)) for xv, ys in sorted(by_x.items())]
 
 

@@ -117,8 +117,8 @@ def status_finding(run: Run) -> list[Finding]:
         text += (f" {len(run.lost)} line(s) of records.jsonl could not be read (line "
                  f"{', '.join(str(x.line) for x in run.lost)}): their cases are counted as not reached.")
         level = "warn"
-    if run.meta.get("status") not in (None, "complete"):
-        text += f" The run's status is “{run.meta.get('status')}”: it did not finish."
+    if run.meta.status not in (None, "complete"):
+        text += f" The run's status is “{run.meta.status}”: it did not finish."
         level = "warn"
     return [Finding("status", text, level)]
 

@@ -58,7 +58,7 @@ class History:
 
 def short_commit(run: Run) -> str:
     """The run's commit as a short hash (``-dirty`` kept as ``*``), or ``?`` when the run has none."""
-    commit = str(run.meta.get("git_commit") or "")
+    commit = run.meta.git_commit or ""
     if not commit:
         return "?"
     dirty = commit.endswith("-dirty")

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import __version__
-from ..record import num
 from .data import (
-    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, load_run, run_order_key, status_counts,
+    ALL_AXES, BadRunError, Run, fmt, fmt_bytes, is_number, load_run, run_order_key, safe_name, status_counts,
     topology_label,
 )
 from .findings import GROUP_TITLES, findings, key_findings, pct_of_ceiling
@@ -77,8 +76,8 @@ class Column:
             value = ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
         text = self.formatter(value) if self.formatter else fmt(value)
         if self.type == "num":
-            v = num(value)
-            return {"text": text, "v": None if v is None else repr(v), "cls": ("num " + self.cls).strip()}
+            return {"text": text, "v": repr(float(value)) if is_number(value) else None,
+                    "cls": ("num " + self.cls).strip()}
         return {"text": text, "v": None, "cls": self.cls}
 
 
@@ -175,12 +174,22 @@ def _sorted_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # ------------------------------------------------------- side-by-side tables
 
-def _pct(v: Any) -> str:
-    return "" if num(v) is None else f"{num(v):.0f}%"
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{v:.0f}%"
 
 
-def _times(v: Any) -> str:
-    return "" if num(v) is None else f"{num(v):.2f}×"
+def _times(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}×"
+
+
+def _share(spec: str) -> Any:
+    """A formatter of a fraction as a percentage (``spec``: its format, e.g. ``+.1f``)."""
+    return lambda v: "" if v is None else f"{v * 100:{spec}}%"
+
+
+def _fixed(spec: str) -> Any:
+    """A formatter of a number in the format ``spec`` (``.2f``), or ``fmt``'s 4 digits (``""``)."""
+    return lambda v: "" if v is None else (f"{v:{spec}}" if spec else fmt(v, 4))
 
 
 def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
@@ -214,12 +223,12 @@ def path_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
         Column("pct_of_ceiling", "% of ceiling", formatter=_pct,
                help="the record's pct_of_ceiling: GB/s against the ceiling that binds this path (next column)"),
         Column("ceiling", "ceiling", "text", help="the ceiling the record is held against (record schema)"),
-        Column("hit_rate", "hit rate", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.1f}%"),
+        Column("hit_rate", "hit rate", formatter=_share(".1f")),
         Column("host_thread_ms", "host-thread CPU ms",
                help="CPU time of the path's own host threads per lookup (0: the path uses none)"),
         Column("case_id", "case", "text"),
     ]
-    sizes = {num(r["table_bytes"]) for r in rows}  # table rows: plain dicts of the report
+    sizes = {r["table_bytes"] for r in rows}  # table rows: plain dicts of the report, of typed values
     cols = [c for c in cols if c.key in ("workload", "path") or (c.key == "table_bytes" and len(sizes) > 1)
             or (c.key != "table_bytes" and any(c.raw(r) not in (None, "") for r in rows))]
     return cols, table_rows(cols, rows)
@@ -249,19 +258,17 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
         Column("lookup_ms", "lookup ms", help="the lookup alone"),
         Column("compute_ms", "compute ms"),
         Column("exposed_ms", "exposed ms", help="lookup time not hidden behind compute"),
-        Column("overlap_efficiency", "overlap eff.", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:.0f}%",
+        Column("overlap_efficiency", "overlap eff.", formatter=_share(".0f"),
                help="1 - exposed / exposed of the same step without prefetch (record overlap_twin); "
                     "negative: the prefetch made the step slower"),
-        Column("compute_slowdown", "compute slowdown", formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.0f}%",
+        Column("compute_slowdown", "compute slowdown", formatter=_share("+.0f"),
                help="in-step compute / compute alone - 1"),
         Column("offload_baseline_ms", "HBM step ms",
                help="the resident step a server would run instead (ids on the device, same workload, its "
                     "fastest graph mode, this step's timer): record offload_baseline"),
-        Column("offload_overhead", "vs HBM",
-               formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.1f}%",
+        Column("offload_overhead", "vs HBM", formatter=_share("+.1f"),
                help="step ms / HBM step ms - 1"),
-        Column("offload_overhead_same_graph", "vs HBM same graph",
-               formatter=lambda v: "" if num(v) is None else f"{num(v) * 100:+.1f}%",
+        Column("offload_overhead_same_graph", "vs HBM same graph", formatter=_share("+.1f"),
                help="against the resident step in this step's own graph mode (the graph break's cost apart)"),
         Column("timer", "timer", "text"),
         Column("graph_break_cost_ms", "graph break cost ms"),
@@ -278,7 +285,7 @@ def step_table(run: Run) -> tuple[list[Column], list[dict[str, Any]], str]:
 def serve_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
     """The served steps, one row per serve record (the serving answer's per-step detail)."""
     recs = served_steps(run)
-    ms = lambda v: "" if num(v) is None else fmt(num(v), 4)  # noqa: E731
+    ms = _fixed("")
     cols = [
         Column("status", "status", "text"),
         Column("model", "model", "text"),
@@ -288,7 +295,7 @@ def serve_table(run: Run) -> tuple[list[Column], list[dict[str, Any]]]:
         Column("placement", "placement", "text"),
         Column("impl", "path", "text"),
         Column("serve_batch", "sequences", help="sequences in the step = tokens per step"),
-        Column("batch_fraction", "of largest", formatter=lambda v: "" if num(v) is None else f"{num(v):.2f}"),
+        Column("batch_fraction", "of largest", formatter=_fixed(".2f")),
         Column("max_batch", "largest batch", help="the capacity rule's largest batch for this placement"),
         Column("step_ms", "step ms", formatter=ms, help="median whole decode step"),
         Column("tpot_ms", "TPOT ms", formatter=ms, help="one token per sequence per step: the step"),
@@ -325,8 +332,8 @@ def meta_rows(run: Run) -> list[tuple[str, str]]:
     m = run.meta
     device = m.get("device") if isinstance(m.get("device"), dict) else {"name": m.get("device")}
     rows: list[tuple[str, str]] = [
-        ("run id", run.run_id), ("suite", run.suite), ("status", str(m.get("status") or "unknown")),
-        ("mode", run.mode), ("timer", str(m.get("timer") or _record_value(run, "timer") or "unknown")),
+        ("run id", run.run_id), ("suite", run.suite), ("status", m.status or "unknown"),
+        ("mode", run.mode), ("timer", m.timer or _record_value(run, "timer") or "unknown"),
     ]
     for key, value in sorted((device or {}).items(), key=lambda kv: (kv[0] != "name", kv[0])):
         if value is None:
@@ -358,7 +365,7 @@ def _value_text(key: str, value: Any) -> str:
         return ", ".join(f"{k}: {_value_text(str(k), v)}" for k, v in value.items() if v not in (None, ""))
     if isinstance(value, (list, tuple)):
         return ", ".join(_value_text(key, v) for v in value)
-    if isinstance(value, bool) or num(value) is None or isinstance(value, str):
+    if not is_number(value):
         return fmt(value) if isinstance(value, bool) else str(value)
     return fmt_bytes(value) if str(key).endswith("bytes") else fmt(value, 3)
 
@@ -377,7 +384,9 @@ def _sig3(v: Any) -> str:
 
 
 def _millions(v: Any) -> str:
-    return "" if num(v) is None else fmt(num(v) / 1e6, 3)
+    """A rows/s figure in millions; "" for none (a per-case ceiling's entry is JSON as stored: a
+    field that is no number shows nothing, as before)."""
+    return fmt(v / 1e6, 3) if is_number(v) else ""
 
 
 def machine_ceilings(run: Run) -> tuple[list[Column], list[dict[str, Any]], list[str]]:
@@ -422,7 +431,7 @@ def per_case_ceilings(run: Run) -> list[CeilingTable]:
         cols = [Column("key", "key", "text")]
         for f in fields:
             values = [e.get(f) for e in entries.values() if e.get(f) is not None]
-            numeric = bool(values) and all(num(v) is not None and not isinstance(v, bool) for v in values)
+            numeric = bool(values) and all(is_number(v) for v in values)
             header = _CEILING_HEADERS.get(f, f.replace("_", " "))
             formatter = (fmt_bytes if f.endswith("bytes") else _millions if f.endswith("rows_per_s")
                          else _sig3 if numeric else None)
@@ -454,10 +463,8 @@ def _record_value(run: Run, key: str) -> Any:
 
 
 def _device_name(run: Run) -> str:
-    device = run.meta.get("device")
-    if isinstance(device, dict):
-        return str(device.get("name") or "unknown device")
-    return str(device or "unknown device")
+    device = run.meta.device
+    return device.name or "unknown device" if device is not None else "unknown device"
 
 
 # -------------------------------------------------------------------- trend
@@ -583,8 +590,8 @@ def write_report(run: Run, reports_dir: str | Path = "reports",
     serving = serving_view(run)
     html = render_page(
         "report.html",
-        run=run, device_name=_device_name(run), timer=_record_value(run, "timer") or run.meta.get("timer") or "?",
-        counts=counts, n_records=len(records), run_status=str(run.meta.get("status") or "unknown"),
+        run=run, device_name=_device_name(run), timer=_record_value(run, "timer") or run.meta.timer or "?",
+        counts=counts, n_records=len(records), run_status=run.meta.status or "unknown",
         findings=all_findings, finding_groups=finding_groups, meta_rows=meta_rows(run), run_line=run_line(run),
         ceiling_columns=ceiling_cols, ceiling_rows=ceiling_rows, ceiling_notes=ceiling_notes,
         case_ceilings=per_case_ceilings(run),
@@ -620,7 +627,7 @@ def report_dir(run_dir: str | Path, reports_dir: str | Path) -> Path:
     the folder (not meta.json's run_id, which a copy shares).  A report there built from another
     folder of the same name is not overwritten: :class:`BadRunError`."""
     run_dir = Path(run_dir).resolve()
-    out_dir = Path(reports_dir) / _safe_name(run_dir.name)
+    out_dir = Path(reports_dir) / safe_name(run_dir.name)
     source = out_dir / SOURCE_FILE
     if source.is_file():
         other = source.read_text(encoding="utf-8").strip()
@@ -628,10 +635,6 @@ def report_dir(run_dir: str | Path, reports_dir: str | Path) -> Path:
             raise BadRunError(f"{out_dir} holds the report of {other}, another run folder of the same name: "
                               f"give this one ({run_dir}) its own --reports-dir")
     return out_dir
-
-
-def _safe_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in name) or "run"
 
 
 def history_runs(run_dir: str | Path, last: int) -> list[Path]:

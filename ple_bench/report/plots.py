@@ -20,9 +20,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from ..record import Record, device_resident, num
+from ..record import Record, as_record, device_resident
 from .data import (
-    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, pairs, points, single_rank, slice_series, topology,
+    REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, is_number, pairs, points, single_rank, slice_series, topology,
     topology_label,
 )
 from .sections import decode_steps, path_groups, path_of, step_config_axes, step_config_label, workload_label
@@ -167,8 +167,8 @@ def _style(key_values: dict[str, Any], index: int) -> dict[str, Any]:
 
 def _has_sweep(records: Sequence[dict[str, Any]], x: str, y: str, series_axes: Sequence[str]) -> bool:
     """Whether at least one series (as the plot will group them) has two or more x values."""
-    recs = [r for r in records if num(r.get(x)) is not None and num(r.get(y)) is not None]
-    if len({num(r.get(x)) for r in recs}) < 2:
+    recs = [r for r in map(as_record, records) if is_number(r.get(x)) and is_number(r.get(y))]
+    if len({float(r.get(x)) for r in recs}) < 2:
         return False
     sl = slice_series(recs, x, series_axes)
     return any(len(points(rs, x, y)) >= 2 for rs in sl.series.values())

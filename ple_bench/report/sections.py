@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..record import Record, as_record, num
+from ..record import Record, as_record
 from ..serving.slo import ServingAnswer, serving_verdict
 from .data import (
-    AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, key_of, single_rank,
+    AXES, REFERENCE_PATH, Run, axis_value, fmt, fmt_bytes, is_number, key_of, order_key, single_rank,
 )
 
 # Axes that choose the lookup path rather than the work; everything else defines a workload.
@@ -58,12 +58,15 @@ def lookups(run: Run) -> list[dict[str, Any]]:
 
 
 def hit_rate(record: dict[str, Any]) -> float | None:
-    """The hot cache's hit rate (0..1) when the record stores one (top level or in ``extra``)."""
-    for src in (record, record.get("extra") if isinstance(record.get("extra"), dict) else {}):
+    """The hot cache's hit rate (0..1) when the record stores one (top level, typed, or in the
+    record's ``extra``: the JSON object it is)."""
+    record = as_record(record)
+    extra = record.extra if isinstance(record.extra, dict) else {}
+    for src in (record, extra):
         for key in ("hit_rate", "cache_hit_rate", "last_hit_rate"):
-            v = num(src.get(key))
-            if v is not None:
-                return v / 100.0 if v > 1.0 else v
+            v = src.get(key)
+            if is_number(v):
+                return v / 100.0 if v > 1.0 else float(v)
     return None
 
 
@@ -124,14 +127,9 @@ def path_groups(run: Run, min_paths: int = 2) -> list[PathGroup]:
             continue
         recs = sorted(paths.values(), key=lambda r: r.median_ms)
         groups.append(PathGroup(key=key, label=workload_label(recs[0]), records=recs))
-    groups.sort(key=lambda g: tuple(_order(axis_value(g.fastest, a)) for a in
+    groups.sort(key=lambda g: tuple(order_key(axis_value(g.fastest, a)) for a in
                                     ("dtype", "row_bytes", "num_tokens", "table_bytes", "ids", "graph", "prefetch")))
     return groups
-
-
-def _order(value: Any) -> tuple:
-    f = num(value)
-    return (0, f, "") if f is not None else (1, 0.0, str(value))
 
 
 # ------------------------------------------------------------- decode steps

@@ -15,6 +15,7 @@ from ..env import external_world_size, gpu_count
 from ..measure.profiler import torch_trace_name
 from ..record import CaseResult
 from ..results import RunWriter, now_iso
+from ..run_meta import RunMeta
 from ..spec.case import Case
 from .outcome import SkipCase
 from .pool import WorkerError, WorkerPool, policy_dict
@@ -26,7 +27,7 @@ class CaseDispatcher:
     """Finds (or starts) the worker pool for a case's world size and runs the case there, or,
     under torchrun, hands it to :class:`~ple_bench.run.torchrun.TorchrunRanks`."""
 
-    def __init__(self, options, meta: dict[str, Any], writer: RunWriter):
+    def __init__(self, options, meta: RunMeta, writer: RunWriter):
         self.options = options
         self.meta = meta
         self.writer = writer
@@ -62,7 +63,7 @@ class CaseDispatcher:
         return self.pool
 
     def _measure_ceilings(self, world: int) -> None:
-        ceilings = self.meta.get("ceilings") or {}
+        ceilings = self.meta.ceilings.raw
         need_single = not ceilings
         need_world = world > 1 and f"allreduce_busbw_gbps_w{world}" not in ceilings
         if not (need_single or need_world):

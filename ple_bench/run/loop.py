@@ -24,6 +24,7 @@ from ..uncertainty import processes_for
 from ..env import CALIBRATION_ENV, CALIBRATION_FILE
 from ..record import Peers, RunContext
 from ..results import RunWriter, load_records, new_run_id, not_reached
+from ..run_meta import RunMeta
 from ..spec.case import HOST_ALLOC_MODES, Case, with_baselines
 from . import machine_profile, provenance, replicate
 from .dispatch import CaseDispatcher, build_native_first
@@ -63,7 +64,7 @@ class RunSummary:
     interrupted: bool = False
     resume_command: str | None = None
     aborted: str | None = None  # why a torchrun run ended early
-    meta: dict[str, Any] = field(default_factory=dict)  # the run's meta.json at its end
+    meta: RunMeta = field(default_factory=RunMeta)  # the run's meta.json at its end
     records: list[dict[str, Any]] = field(default_factory=list)  # every record of the run folder, as stored
 
     @property
@@ -179,7 +180,7 @@ def summary_lines(summary: RunSummary, mode: str) -> list[str]:
     their groups, and the command that continues the run."""
     meta, records = summary.meta, summary.records
     counts = Counter(r.get("status") for r in records)
-    expected = int(meta.get("num_cases") or 0)
+    expected = meta.num_cases or 0
     missing = not_reached(meta, (r["case_id"] for r in records))
     n_missing = sum(map(len, missing.values())) if missing is not None else max(expected - len(records), 0)
     total = len(records) + n_missing
@@ -248,7 +249,7 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
             "created_by": found[1].get("created_by") if found else run_dir.name})
     todo = [c for c in order_cases(cases) if c.case_id not in done]
 
-    stored = dict(meta.get("repeated") or {}) if options.resume else {}  # a resumed run keeps its own choice
+    stored = meta.repeated if options.resume else {}  # a resumed run keeps its own choice
     choices = {}
 
     def repeat_of(case_id: str) -> tuple[int, int] | None:
@@ -324,7 +325,7 @@ def run_suite(suite, cases: list[Case], policy, options: RunOptions, mode: str) 
         try:
             calibration = json.loads((run_dir / CALIBRATION_FILE).read_text(encoding="utf-8"))
             _path, added = machine_profile.update(profile_key, calibration, run_dir.name)
-            provenance.note(writer, meta, compute_profile=dict(meta.get("compute_profile") or {}, added=added))
+            provenance.note(writer, meta, compute_profile=dict(meta.compute_profile, added=added))
         except (OSError, ValueError) as exc:
             print(f"warning: machine profile not updated: {exc}", file=sys.stderr)
     if profile_key is not None and repeated and not interrupted:

@@ -7,7 +7,8 @@ facts measured on the ranks are added to the same file as they become known, thr
 :func:`add_measured`: the physical ceilings and the device (called by ``dispatch`` for ple_bench's
 own workers, by ``run.torchrun`` under torchrun, which also adds every rank), and the per-case
 ceilings of each case -- host-gather, random-row (:func:`keep_case_ceilings`, from the case's
-``CaseResult``, called by the suite loop)."""
+``CaseResult``, called by the suite loop).  The run holds its meta as one
+:class:`~ple_bench.run_meta.RunMeta` (what the readers load too), changed here only."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 
 from .. import env
 from ..results import RunWriter, expected_case_ids, load_records, not_reached, now_iso
+from ..run_meta import RunMeta
 from ..spec.case import Case
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -80,15 +82,15 @@ def launch_info(cases: list[Case]) -> dict[str, Any]:
 
 
 def start_meta(suite, mode: str, run_dir: Path, writer: RunWriter, *, argv: list[str], policy,
-               functional_note: str, cases: list[Case]) -> dict[str, Any]:
-    """A new run's ``meta.json``, written; returns the dict the run keeps adding to."""
+               functional_note: str, cases: list[Case]) -> RunMeta:
+    """A new run's ``meta.json``, written; returns the :class:`RunMeta` the run keeps adding to."""
     meta = base_meta(suite, mode)
     meta.update(run_id=run_dir.name, started_at=now_iso(), status="running", argv=argv,
                 timing_policy=dataclasses.asdict(policy), functional_note=functional_note or None,
                 num_cases=len(cases), expected_cases=expected_cases(suite, cases), launch=launch_info(cases))
     meta["launcher"] = meta["launch"]["launcher"]
     writer.write_meta(meta)
-    return meta
+    return RunMeta(meta)
 
 
 def expected_cases(suite, cases: list[Case]) -> dict[str, list[str]]:
@@ -101,12 +103,12 @@ def expected_cases(suite, cases: list[Case]) -> dict[str, list[str]]:
     return out
 
 
-def resume_meta(writer: RunWriter) -> dict[str, Any]:
+def resume_meta(writer: RunWriter) -> RunMeta:
     """A resumed run's ``meta.json``, marked running again."""
-    return writer.update_meta(status="running", resumed_at=now_iso())
+    return RunMeta(writer.update_meta(status="running", resumed_at=now_iso()))
 
 
-def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reason: str | None) -> dict[str, Any]:
+def finish_meta(writer: RunWriter, meta: RunMeta, status: str, abort_reason: str | None) -> RunMeta:
     """The run's end: its status (complete, interrupted, aborted), when, and what was measured."""
     extra = {"abort_reason": abort_reason} if abort_reason else {}
     recorded = {r["case_id"] for r in load_records(writer.run_dir, upgrade=False)}
@@ -114,38 +116,37 @@ def finish_meta(writer: RunWriter, meta: dict[str, Any], status: str, abort_reas
     if missing is not None:
         extra.update(cases_recorded=len(set(expected_case_ids(meta)) & recorded),
                      not_reached=missing)
-    return writer.update_meta(ended_at=now_iso(), status=status,
-                              ceilings=meta.get("ceilings"), device=meta.get("device"), **extra)
+    return RunMeta(writer.update_meta(ended_at=now_iso(), status=status,
+                                      ceilings=meta.get("ceilings"), device=meta.get("device"), **extra))
 
 
-def note(writer: RunWriter, meta: dict[str, Any], **fields: Any) -> dict[str, Any]:
+def note(writer: RunWriter, meta: RunMeta, **fields: Any) -> dict[str, Any]:
     """Facts the run loop settles while it runs (which cases are repeated and how, the compute
     profile it started from), merged into ``meta`` and written to ``meta.json``."""
-    meta.update(fields)
+    meta.update(**fields)
     return writer.update_meta(**fields)
 
 
-def add_measured(writer: RunWriter, meta: dict[str, Any], *, ceilings: dict[str, Any] | None = None,
-                 device: Any = None, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def add_measured(writer: RunWriter, meta: RunMeta, *, ceilings: dict[str, Any] | None = None,
+                 device: Any = None, ranks: list[dict[str, Any]] | None = None) -> RunMeta:
     """Facts measured on the ranks while the run goes on, merged into ``meta`` and written to
     ``meta.json``: physical ceilings (merged into those already known), the device (kept once
     known), every rank (under torchrun).  The dispatcher and the torchrun protocol call this; no
     module but this one writes ``meta.json``."""
     fields: dict[str, Any] = {}
     if ceilings:
-        merged = dict(meta.get("ceilings") or {})
-        merged.update(ceilings)
-        meta["ceilings"] = fields["ceilings"] = merged
-    if device and not meta.get("device"):
-        meta["device"] = fields["device"] = device
+        fields["ceilings"] = meta.merge_ceilings(ceilings)
+    if meta.keep_device(device):
+        fields["device"] = device
     if ranks is not None:
-        meta["ranks"] = fields["ranks"] = ranks
+        meta.update(ranks=ranks)
+        fields["ranks"] = ranks
     if fields:
         writer.update_meta(**fields)
     return meta
 
 
-def keep_case_ceilings(result, meta: dict[str, Any], writer) -> None:
+def keep_case_ceilings(result, meta: RunMeta, writer) -> None:
     """A case's per-case ceilings (its :class:`~ple_bench.record.CaseResult`'s entries) go into
     ``meta.json``, once per key: a host path's host-gather ceiling per (table bytes, rows, row
     bytes), ``ceilings["host_gather"]["<table>:<rows>:<row>"]``, and a lookup's random-row
@@ -162,13 +163,6 @@ def keep_case_ceilings(result, meta: dict[str, Any], writer) -> None:
             found.append(("random_row", str(ceiling["key"]), ceiling))
     if not found:
         return
-    ceilings = meta.setdefault("ceilings", {}) or {}
-    meta["ceilings"] = ceilings
-    changed = False
-    for name, key, value in found:
-        table = ceilings.setdefault(name, {})
-        if key not in table:
-            table[key] = value
-            changed = True
-    if changed:
-        writer.update_meta(ceilings=ceilings)
+    changed = [meta.add_case_ceiling(name, key, value) for name, key, value in found]
+    if any(changed):
+        writer.update_meta(ceilings=meta.get("ceilings"))

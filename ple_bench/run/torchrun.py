@@ -24,6 +24,7 @@ from ..measure.profiler import torch_trace_case, torch_trace_name
 from ..parallel import DEFAULT_TIMEOUT_S
 from ..record import CaseResult
 from ..results import RunWriter, now_iso
+from ..run_meta import RunMeta
 from ..spec.case import Case
 from .outcome import SkipCase
 from .provenance import add_measured
@@ -34,7 +35,7 @@ class TorchrunRanks:
     """This process as one rank of torchrun's world: its case executor, agreement group and the
     state of the agreement / recovery protocol."""
 
-    def __init__(self, options, meta: dict[str, Any], writer: RunWriter, world: int):
+    def __init__(self, options, meta: RunMeta, writer: RunWriter, world: int):
         self.options = options
         self.meta = meta
         self.writer = writer
@@ -90,14 +91,14 @@ class TorchrunRanks:
         found: dict[str, Any] = {}  # rank 0: ceilings measured now, written with the ranks below
         found_device = None
         if rank == 0:
-            if not self.meta.get("ceilings"):
+            if not self.meta.ceilings.raw:
                 try:
                     found = measure_ceilings(device)
                 except Exception as exc:  # noqa: BLE001 - a run without ceilings is still a run
                     print(f"warning: ceilings not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
-            if not self.meta.get("device"):
+            if self.meta.device is None:
                 found_device = device_info(device)
-            known = {**(self.meta.get("ceilings") or {}), **found}
+            known = {**self.meta.ceilings.raw, **found}
             info["need_allreduce"] = f"allreduce_busbw_gbps_w{world}" not in known
         if world > 1:
             everyone: list = [None] * world

@@ -294,10 +294,10 @@ def _warnings(bases: Sequence[Run], cands: Sequence[Run]) -> list[str]:
     differ("have different modes", [r.mode for r in runs])
     if any(r.mode == "functional" for r in runs):
         out.append("A CPU functional run (host timer) is involved: its times are not GPU performance.")
-    differ("used different timers", [str(r.meta.get("timer")) for r in runs if r.meta.get("timer")])
+    differ("used different timers", [r.meta.timer for r in runs if r.meta.timer])
     seen = set()
     for run in runs:
-        if run.meta.get("status") not in (None, "complete") and run.path not in seen:
+        if run.meta.status not in (None, "complete") and run.path not in seen:
             seen.add(run.path)
-            out.append(f"Run {run.run_id} has status “{run.meta.get('status')}”: it did not finish.")
+            out.append(f"Run {run.run_id} has status “{run.meta.status}”: it did not finish.")
     return out

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..data import Run, fmt, varying_axes
+from ..data import Run, fmt, safe_name, varying_axes
 from ..html import Column, render_page
 from .result import NOT_COMPARABLE, STATUS, VERDICTS, CaseComparison, CompareResult, device_name
 from .stats import RUNS_ALPHA, MIN_RUNS, MIN_SAMPLES, smallest_one_sided_p
@@ -18,8 +18,7 @@ def _runs_tag(runs: Sequence[Run]) -> str:
 
 
 def _folders_tag(runs: Sequence[Run]) -> str:
-    name = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in runs[0].path.name) or "run"
-    return name + (f"+{len(runs) - 1}" if len(runs) > 1 else "")
+    return safe_name(runs[0].path.name) + (f"+{len(runs) - 1}" if len(runs) > 1 else "")
 
 
 def default_html_name(result: CompareResult) -> str:
