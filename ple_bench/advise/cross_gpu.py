@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from .gpus import gpu_of_device
 from .machine import measured_machine
 from .model import build_model, changed_configuration, heldout_runs, step_points
-from ..record import device_resident, num
+from ..record import as_record, device_resident
 from .serving import ServingAsk, ServingAdviseError, advise_serving, bytes_read
 from ..run_meta import as_meta
 from ..serving.models import MODELS
@@ -198,8 +198,8 @@ def step_compare(train: tuple[list, list], test: tuple[list, list]) -> StepCompa
     by_id = {c.case_id: c for c in both}
     ratios: dict[str, list[float]] = {}
     first: dict[str, dict[str, Any]] = {}
-    for r in test[0]:
-        cid, base_ms, step = str(r.get("case_id")), num(r.get("offload_baseline_ms")), num(r.get("step_ms"))
+    for r in map(as_record, test[0]):
+        cid, base_ms, step = str(r.case_id), r.offload_baseline_ms, r.step_ms
         if (r.get("kind") != "step" or r.get("status") != "ok" or not r.get("offload_baseline") or not base_ms
                 or not step or cid not in by_id or device_resident(r)):
             continue
@@ -214,7 +214,7 @@ def step_compare(train: tuple[list, list], test: tuple[list, list]) -> StepCompa
         if not base:
             continue
         b = base[0]
-        rows.append(VerdictRow(cid, int(num(r.get("num_tokens")) or 0), mine.measured_ms, mine.predicted_ms,
+        rows.append(VerdictRow(cid, r.num_tokens or 0, mine.measured_ms, mine.predicted_ms,
                                b.measured_ms, b.predicted_ms, statistics.median(ratios[cid]),
                                mine.predicted_ms / b.predicted_ms, len(ratios[cid])))
     return StepCompare(both, only, sorted(rows, key=lambda v: (v.tokens, v.case_id)))
