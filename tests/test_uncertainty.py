@@ -134,3 +134,25 @@ def test_an_interval_across_the_band_edge_is_undecided_not_slower():
                      [[0.200, 0.202], [0.216, 0.214], [0.204, 0.206], [0.220, 0.218]])
     (entry,) = V.verdicts(derive_in_order([base, flag]))
     assert entry.ci_low <= 1.05 < entry.ci_high and entry.verdict == V.UNDECIDED
+
+
+def test_advise_prints_the_verdicts_interval_over_processes_and_an_undecided_count_as_neither_answer():
+    from ple_bench.advise.answer import advise
+
+    recs = derive_in_order([
+        _base(64, [[0.2, 0.2]] * 4),
+        _repeated(_rec("pinned_host_flag", 64, 0.0, graph="full"),
+                  [[0.200, 0.202], [0.216, 0.214], [0.204, 0.206], [0.220, 0.218]]),
+        _base(256, [[0.2, 0.2]] * 4),
+        _repeated(_rec("pinned_host_flag", 256, 0.0, graph="full"), [[0.199, 0.201], [0.2, 0.2]] * 2),
+    ])
+    for r in recs:
+        r["_run_id"] = "20261207-000000-default-t"
+    entries = {e.num_tokens: e for e in V.verdicts(recs)}
+    a = advise(table_bytes=160 << 20, dim=160, dtype="fp8", heads=16, tokens=[64, 256], compute_us=200, records=recs)
+    t64, t256 = a.answers
+    assert (t64.verdict, t256.verdict) == (V.UNDECIDED, V.AS_FAST)
+    flag64 = next(o for o in t64.options if o.placement == "pinned host")
+    assert (flag64.ci_low, flag64.ci_high) == (entries[64].ci_low, entries[64].ci_high)  # one interval everywhere
+    assert t64.recommendation.startswith("undecided:") and "Undecided at 64 tokens" in a.verdict
+    assert a.verdict.startswith("Keep the table in pinned host memory") and "256" in a.verdict

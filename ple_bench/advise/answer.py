@@ -34,7 +34,7 @@ from typing import Any
 from .compute_kind import EXAMPLES as COMPUTE_EXAMPLES
 from .compute_kind import ComputeAsk, parse_compute, records_of_compute
 from ..record import resident_figures
-from ..verdict import (AS_FAST, EQUAL_PCT, FASTER, NO_VERDICT, Entry, candidates, interval_of,
+from ..verdict import (AS_FAST, EQUAL_PCT, FASTER, NO_VERDICT, UNDECIDED, Entry, candidates, ratio_detail,
                               compute_of, newest_verdicts, scope)
 from ..units import DTYPE_BYTES
 
@@ -132,7 +132,9 @@ def _option(r: dict[str, Any], fits_hbm: bool, fits_host: bool,
     """A pinned step, held against the resident figure its record names (with the ratio's
     interval where both records hold samples)."""
     base = float(r["offload_baseline_ms"])
-    lo, hi = interval_of(r, (every or {}).get((str(r.get("_run_id")), str(r.get("offload_baseline")))))
+    # the verdict's own interval: over processes where both steps were repeated, else within one process
+    d = ratio_detail(r, (every or {}).get((str(r.get("_run_id")), str(r.get("offload_baseline")))))
+    lo, hi = d.low, d.high
     return Option(placement="pinned host", path=_path_name(r), prefetch=bool(r.get("prefetch")), ids_on=_ids_on(r),
                   graph=str(r["graph"]) if _present(r.get("graph")) else "eager", step_ms=float(r["step_ms"]),
                   overhead_pct=100.0 * (float(r["step_ms"]) / base - 1.0), fits=fits_host,
@@ -273,6 +275,9 @@ def advise(*, table_bytes: int, dim: int, dtype: str, heads: int, tokens: list[i
             elif word in (FASTER, AS_FAST):
                 ans.recommendation = (f"pinned host, {word}: {what}: {vs} -- frees the table's "
                                       f"{table_bytes / 2**30:.1f} GiB of HBM")
+            elif word == UNDECIDED:
+                ans.recommendation = (f"undecided: the best pinned step ({what}) may be as fast or slower: {vs}; "
+                                      "its interval straddles HBM + 5 % (more processes decide it: run --processes)")
             else:
                 ans.recommendation = f"HBM: the best pinned step ({what}) is {word}: {vs}"
         if measured_t != t:
@@ -289,7 +294,7 @@ def _flip(answers: list[TokenAnswer]) -> str:
     between two token counts."""
     host = {FASTER, AS_FAST}
     for a, b in zip(answers, answers[1:]):
-        if (a.verdict in host) == (b.verdict in host) or NO_VERDICT in (a.verdict, b.verdict):
+        if (a.verdict in host) == (b.verdict in host) or {NO_VERDICT, UNDECIDED} & {a.verdict, b.verdict}:
             continue
         ra, rb = _best_ratio(a), _best_ratio(b)
         if ra is None or rb is None:
@@ -320,7 +325,8 @@ def _best_ratio(a: TokenAnswer) -> float | None:
 def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
     """The measured headline, from each token count's verdict (report/verdict.py)."""
     host = [a.tokens for a in answers if a.verdict in (FASTER, AS_FAST)]
-    hbm = [a.tokens for a in answers if a.verdict not in (FASTER, AS_FAST, NO_VERDICT)]
+    hbm = [a.tokens for a in answers if a.verdict not in (FASTER, AS_FAST, NO_VERDICT, UNDECIDED)]
+    open_ = [a.tokens for a in answers if a.verdict == UNDECIDED]
     none = [a.tokens for a in answers if a.verdict == NO_VERDICT]
     def said(a: TokenAnswer) -> str:
         b = _best(a)
@@ -330,6 +336,11 @@ def _verdict(answers: list[TokenAnswer], fits_hbm: bool) -> str:
         return f"{a.tokens} tokens {a.verdict} ({b.step_ms / b.baseline_ms:.3f}{ci})"
     words = "; ".join(said(a) for a in answers)
     tail = f" Measured, per token count (pinned / HBM): {words}."
+    if open_:
+        tail = (f" Undecided at {', '.join(map(str, open_))} tokens: the ratio's 95 % interval reaches past HBM + "
+                f"{EQUAL_PCT:.0f} % (more processes decide it: run --processes)." + tail)
+    if open_ and not host and not hbm:
+        return "No answer yet:" + tail
     if not fits_hbm:
         return "The table does not fit the HBM budget: pinned host memory, with the path ranked first below." + tail
     if none and not host and not hbm:
