@@ -65,6 +65,7 @@ from typing import Any, Iterable, Mapping
 
 from .impl_facts import facts_of
 from .spec.case import Case, has_compute
+from .uncertainty import interval, observations
 from .units import DTYPE_BYTES
 
 SCHEMA_VERSION = 7
@@ -870,8 +871,6 @@ def _derive_interval(rec: dict[str, Any], kind: str) -> None:
     reps = rec.get("replicates")
     if rec.get("status") != "ok" or not isinstance(reps, list) or not reps:
         return
-    from .uncertainty import interval, observations
-
     figure = "median_ms" if kind == "lookup" else "step_ms"
     got = interval(observations(reps, figure), seed_text=str(rec.get("case_id")))
     if got is not None:

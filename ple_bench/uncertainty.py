@@ -111,7 +111,7 @@ def point(obs: Sequence[Obs]) -> float | None:
 
 
 def _t(df: int) -> float:
-    from scipy.stats import t as student_t
+    from scipy.stats import t as student_t  # scipy: a heavy import only an interval needs, not every record load
 
     return float(student_t.ppf(0.5 + CONFIDENCE / 2, df))
 

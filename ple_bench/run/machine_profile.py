@@ -38,7 +38,7 @@ def profile_dir() -> Path:
 def machine_key() -> dict[str, str] | None:
     """What the profile is valid for: GPU 0's name and the driver (NVML: no CUDA context in this
     process), torch and its CUDA; None where NVML does not answer (no GPU)."""
-    from ..measure.clocks import nvml
+    from ..measure.clocks import nvml  # measure loads torch: only a GPU run asks for its machine's key
 
     lib = nvml()
     if lib is None:
@@ -50,7 +50,7 @@ def machine_key() -> dict[str, str] | None:
     except Exception:  # noqa: BLE001 - NVML errors mean "no profile"
         return None
     try:
-        import torch
+        import torch  # the version the profile is valid for (a GPU run has torch loaded already)
 
         torch_version, cuda = str(torch.__version__), str(torch.version.cuda)
     except ImportError:
@@ -131,7 +131,7 @@ def add_components(key: Mapping[str, str], found: Mapping[str, Mapping[str, Any]
 
 def components_of(data: Mapping[str, Any], case_ids: Any) -> dict[str, Any]:
     """case id -> the pooled :class:`ple_bench.uncertainty.Components` of the runs the profile keeps."""
-    from ..uncertainty import Components, pooled
+    from ..uncertainty import Components, pooled  # layer 0, imported where read (the profile module stays small)
 
     out = {}
     for cid in case_ids:

@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from ...uncertainty import observations
 from ..data import AXES, Run, case_label, load_run, measured_samples, median_or_stored, run_median, unflagged_throttled
 from .result import (FUNCTIONAL_NO_VERDICT, NO_VERDICT, NOT_COMPARABLE, TIMED_VERDICTS, UNRECORDED_TIMER, VERDICTS,
                      CaseComparison, CompareResult, device_name)
@@ -69,8 +70,6 @@ def _one_sided(bases, cands, b_obs, c_obs, bm, cm, test, basis: str, threshold_p
 def process_means(records: Sequence[dict[str, Any]]) -> list[float] | None:
     """A side's observations of a repeated case: every process's mean figure over its rounds, over
     the side's runs; None unless every record is a repeated case of two or more processes."""
-    from ...uncertainty import observations
-
     out: list[float] = []
     for r in records:
         reps = r.get("replicates")

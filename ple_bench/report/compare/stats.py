@@ -39,7 +39,7 @@ def welch_p(a: Sequence[float], b: Sequence[float], alternative: str = "two-side
     tends to be smaller): the test of process means, each the mean of many rounds and samples, so
     near-normal; continuous, so a handful of processes a side can reach Holm's thresholds (an exact
     rank test of 4 vs 4 values cannot go below 1/70)."""
-    from scipy.stats import ttest_ind
+    from scipy.stats import ttest_ind  # scipy: loaded when a test runs, as mann_whitney_p does
 
     la, lb = np.log(np.asarray(a, dtype=float)), np.log(np.asarray(b, dtype=float))
     if np.ptp(np.concatenate([la, lb])) == 0:
