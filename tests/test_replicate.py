@@ -206,3 +206,64 @@ def test_a_runs_ratio_components_are_read_from_its_verdicts():
     comps = ratio_components(derive_in_order([base, flag]))
     (comp,) = comps.values()
     assert comp.processes == 4 and comp.rounds_pct > 2.0 and comp.processes_pct < 1.0  # rounds, not processes
+
+
+@pytest.mark.slow
+def test_a_gpu_mode_run_keeps_its_components_and_the_next_run_chooses_its_processes_from_them(tmp_path, monkeypatch):
+    """The machine-profile branch of a GPU run, driven in functional workers: the first run takes the
+    suite's number of processes and leaves the pair's variance components in the profile; the second
+    run reads them and chooses its processes for the target (said in meta.json's repeat_choice)."""
+    from ple_bench.measure import TimingPolicy
+    from ple_bench.run.loop import RunOptions, run_suite
+    from ple_bench.spec.suite import load_suite
+
+    suite_file = tmp_path / "rep.toml"
+    suite_file.write_text("""
+[suite]
+description = "a repeated pair"
+[suite.timing]
+warmup_ms = 0
+min_samples = 3
+max_samples = 10
+min_time_s = 0.0
+max_time_s = 0.05
+cold_l2 = false
+hot = false
+[defaults]
+vocab_size = 4096
+dim = 160
+dtype = "fp8"
+num_heads = 4
+hidden = 256
+[[group]]
+name = "pair"
+kind = "step"
+impl = "pinned_uva"
+kernel = "triton_reference"
+prefetch = "on"
+num_tokens = 8
+compute_us = 20
+repeat = { processes = 2, rounds = 2, target_pct = 0.1, most = 3 }
+""")
+    monkeypatch.setenv("PLE_BENCH_FORCE_CPU", "1")
+    monkeypatch.setenv(mp.PROFILE_DIR_ENV, str(tmp_path / "profile"))
+    key = {"gpu": "test GPU", "driver": "1", "torch": "t", "cuda": "c"}
+    monkeypatch.setattr(mp, "machine_key", lambda: key)
+    suite = load_suite(suite_file)
+    policy = TimingPolicy.from_dict(suite.timing).scaled_for_cpu()
+    metas = []
+    for _ in range(2):
+        summary = run_suite(suite, suite.cases, policy, RunOptions(results_dir=tmp_path / "res", progress=False,
+                                                                   quiet=True), "gpu")
+        metas.append(json.loads((summary.run_dir / "meta.json").read_text()))
+    first, second = metas
+    assert first["repeat_choice"]["pair"] == {"processes": 2, "why": first["repeat_choice"]["pair"]["why"]}
+    assert "no variance components" in first["repeat_choice"]["pair"]["why"]
+    assert first["compute_profile"]["source"].startswith("calibrated by this run")
+    assert second["compute_profile"]["source"] == "machine profile"
+    # a 0.1 % target no CPU run meets: the most, and the choice says it falls short
+    assert second["repeat_choice"]["pair"]["processes"] == 3 and "falls short" in second["repeat_choice"]["pair"]["why"]
+    assert {tuple(v) for v in second["repeated"].values()} == {(3, 2)}
+    _, profile = mp.load(key)
+    (runs,) = profile["components"].values()
+    assert len(runs) == 2 and {r["processes"] for r in runs} == {2, 3}
