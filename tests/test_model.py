@@ -558,3 +558,42 @@ def test_the_compute_offset_is_interpolated_between_measured_token_counts_and_no
     assert compute_offset(offsets, 128, 175.0) == 0.03 and compute_offset(offsets, 192, 175.0) == pytest.approx(0.005)
     assert compute_offset(offsets, 1024, 175.0) == 0.0 and compute_offset(offsets, 64, 175.0) == 0.0
     assert compute_offset(offsets, 192, 100.0) == 0.0 and compute_offset(offsets, None, 175.0) == 0.0
+
+
+def test_an_outlying_newest_run_does_not_decide_the_fit():
+    """Three runs of the law; the newest measured the UVA kernel's steps 40 % fast, two runs
+    (archived evidence of a bug) 20x slow.  Each case's point is the median run's (step, compute and
+    lookup of one run), so the fit recovers the law; fitted on the newest run alone it would not."""
+    from ple_bench.advise.model import median_run, step_points
+    from ple_bench.record import as_record
+
+    runs = ["20261201-000000-a", "20261202-000000-b", "20261203-000000-c", "20261204-000000-d",
+            "20261205-000000-e"]
+    recs = []
+    for run in runs:
+        for r in synthetic():
+            r = dict(r, _run_id=run)
+            uva = r["impl"] == "pinned_uva"
+            scale = 0.6 if uva and run == runs[-1] else 20.0 if uva and run in runs[:2] else 1.0
+            for k in ("compute_ms", "lookup_ms", "step_ms"):
+                r[k] *= scale
+            recs.append(r)
+    meta = [law_meta(((8 * GIB, 160, 16), (32 * GIB, 160, 16)))]
+    law_steps = {r["case_id"]: r["step_ms"] for r in synthetic()}
+    pts = step_points(recs)
+    assert {p.runs for p in pts} == {5} and len(pts) == len(law_steps)
+    assert all(p.step_ms == pytest.approx(law_steps[p.case_id]) for p in pts)
+    uva = [p for p in pts if p.key.impl == "pinned_uva"]
+    assert {p.run_id for p in uva} <= {runs[2], runs[3]}  # a median run: neither the newest nor the slow pair
+    fit = next(f for k, f in build_model(recs, meta, loo=False).fits.items() if k[0] == "pinned_uva" and k[2])
+    assert fit.eff[0] == pytest.approx(1.3, rel=1e-2)
+    newest = next(f for k, f in build_model([r for r in recs if r["_run_id"] == runs[-1]], meta, loo=False).fits.items()
+                  if k[0] == "pinned_uva" and k[2])
+    assert newest.eff[0] < 1.0  # the newest run alone: the outlier decides
+    # an even count: the lower of the two middle runs, never their mean
+    two = [as_record(dict(recs[0], step_ms=ms)) for ms in (5.0, 0.2)]
+    assert median_run(two).step_ms == 0.2
+    # a case whose configuration changed in its newest run is fitted on the newest configuration's runs
+    moved = [dict(r, compute_us=175.0) if r["_run_id"] == runs[-1] else r for r in recs if r["case_id"] == pts[0].case_id]
+    (p,) = step_points(moved)
+    assert p.runs == 1 and p.compute_us == 175.0

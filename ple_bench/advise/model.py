@@ -207,6 +207,8 @@ class Point:
     host_twin: bool = False
     heads: int = 0
     kind: str = ""  # lookup_kind
+    #: how many runs the step, compute and lookup are the median over (:func:`step_points`)
+    runs: int = 1
 
     @property
     def shape(self) -> tuple[float, int, int]:
@@ -214,36 +216,69 @@ class Point:
         return (round(self.table_bytes / GIB, 1), self.row_bytes, self.heads)
 
 
+def _config(r: Record) -> tuple:
+    """What must match for two runs' records of one case to be pooled: the path and the point's
+    coordinates (rows, tokens, table, row shape, compute)."""
+    return (path_key(r), int(r.rows or r.num_tokens * r.num_heads), int(r.num_tokens), int(r.table_bytes),
+            int(r.row_bytes or 0), int(r.num_heads), float(r.compute_us or 0))
+
+
+def median_run(records: Sequence[Record]) -> Record:
+    """The run whose step is the median of the runs' (``step_ms``; the lower of the two middle runs
+    for an even count): a point stays one run's measurement (its compute and lookup with its step),
+    and slow outliers in no more than half the runs -- a bug's runs archived as evidence (``…-ba4b``,
+    ``…-0502``), a condition that did not reproduce -- neither decide nor average into it."""
+    ranked = sorted(records, key=lambda x: float(x.step_ms))
+    return ranked[(len(ranked) - 1) // 2]
+
+
 def step_points(records: Iterable[dict[str, Any]]) -> list[Point]:
-    """The model's points: ok GPU decode steps of one rank with step, compute and lookup times; the
-    newest run's measurement of each case (run ids sort by date).  A resident step timed by CUDA
-    events that also recorded ``step_host_sync_ms`` gives a second point on the ``host_sync``
-    timer (its host-sync twin: the resident step a host-timed path is compared with)."""
-    newest: dict[str, Record] = {}
+    """The model's points: ok GPU decode steps of one rank with step, compute and lookup times; each
+    case's the **median run's** (:func:`median_run`) over the runs that measured it in the
+    configuration of its newest run (:func:`_config`; run ids sort by date; a run's record counts
+    once, a repeated record with the mean of its processes; within a run the last record of a case),
+    so that one outlying run -- the newest included -- does not decide the fit.  :attr:`Point.run_id`
+    is the median run's, :attr:`Point.runs` how many runs it is the median of.  A resident step timed
+    by CUDA events that also recorded ``step_host_sync_ms`` gives a second point on the ``host_sync``
+    timer (its host-sync twin: the resident step a host-timed path is compared with), its figure the
+    median (the lower for an even count) over the same runs."""
+    by_case: dict[str, dict[str, Record]] = {}  # case -> run -> its (last) record of the case
     for r in sorted(map(as_record, records), key=lambda r: str(r.get("_run_id", ""))):
         if r.status != "ok" or r.kind != "step" or r.mode == "functional" or int(r.world_size or 1) != 1:
             continue
         if None in (r.step_ms, r.compute_ms, r.lookup_ms, r.table_bytes, r.num_tokens, r.num_heads):
             continue
-        newest[str(r.case_id)] = r
+        runs = by_case.setdefault(str(r.case_id), {})
+        runs.pop(str(r.get("_run_id", "")), None)  # re-inserted last: dict order stays by run id
+        runs[str(r.get("_run_id", ""))] = r
     out, twins = [], []
-    for r in newest.values():
+    for per_run in by_case.values():
+        newest = list(per_run.values())[-1]  # its configuration is the case's
+        same = [x for x in per_run.values() if _config(x) == _config(newest)]
+        r = median_run(same)
         kind = lookup_kind(r)
         base = Point(key=path_key(r), case_id=str(r.case_id), run_id=str(r.get("_run_id", "")),
                      rows=int(r.rows or r.num_tokens * r.num_heads), tokens=int(r.num_tokens),
                      table_bytes=int(r.table_bytes), row_bytes=int(r.row_bytes or 0),
                      compute_us=float(r.compute_us or 0), compute_ms=float(r.compute_ms),
                      lookup_ms=float(r.lookup_ms), step_ms=float(r.step_ms), resident=device_resident(r),
-                     host_gather=kind == "host", heads=int(r.num_heads), kind=kind)
+                     host_gather=kind == "host", heads=int(r.num_heads), kind=kind, runs=len(same))
         out.append(base)
         # the resident step's other figures (record.resident_figures: its host-sync twin, the full
         # graph of a breakable step on either timer), each a point of its own graph mode and timer,
         # so that the HBM row a pinned option is held against is the one record.Peers holds it against
-        for f in resident_figures(r) if base.key.timer else ():  # a record that names its timer
-            if (f.graph, f.timer) != (base.key.graph, base.key.timer):
-                what = "/".join(x for x, own in ((f.graph, base.key.graph), (f.timer, base.key.timer)) if x != own)
-                twins.append(replace(base, key=base.key._replace(graph=f.graph, timer=f.timer), host_twin=True,
-                                     case_id=f"{base.case_id}#{what}", step_ms=f.ms))
+        if not base.key.timer:  # a record that names its timer
+            continue
+        figures: dict[tuple[str, str], list[float]] = {}
+        for x in same:
+            for f in resident_figures(x):
+                figures.setdefault((f.graph, f.timer), []).append(f.ms)
+        for (graph, timer), ms in figures.items():
+            if (graph, timer) != (base.key.graph, base.key.timer):
+                what = "/".join(x for x, own in ((graph, base.key.graph), (timer, base.key.timer)) if x != own)
+                twins.append(replace(base, key=base.key._replace(graph=graph, timer=timer), host_twin=True,
+                                     case_id=f"{base.case_id}#{what}", step_ms=float(statistics.median_low(ms)),
+                                     runs=len(ms)))
     measured_keys = {p.key for p in out}
     return out + [t for t in twins if t.key not in measured_keys]
 
