@@ -17,6 +17,35 @@ from ple_bench.spec.case import Case
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: a tiny repeated pair for functional runs (a pinned step and its resident baselines); {repeat}: the table's keys
+PAIR_SUITE = """
+[suite]
+description = "a repeated pair"
+[suite.timing]
+warmup_ms = 0
+min_samples = 3
+max_samples = 10
+min_time_s = 0.0
+max_time_s = 0.05
+cold_l2 = false
+hot = false
+[defaults]
+vocab_size = 4096
+dim = 160
+dtype = "fp8"
+num_heads = 4
+hidden = 256
+[[group]]
+name = "pair"
+kind = "step"
+impl = "pinned_uva"
+kernel = "triton_reference"
+prefetch = "on"
+num_tokens = 8
+compute_us = 20
+repeat = {{ {repeat} }}
+"""
+
 
 def _cases() -> list[Case]:
     return [Case(kind="step", impl=impl, num_tokens=t, compute_us=20.0) for impl in ("device", "pinned_uva")
@@ -122,33 +151,7 @@ def test_a_repeat_override_out_of_range_exits_2_naming_the_flag(flag):
 @pytest.mark.slow
 def test_a_repeated_group_runs_end_to_end_in_functional_mode(tmp_path):
     suite = tmp_path / "rep.toml"
-    suite.write_text("""
-[suite]
-description = "a repeated pair"
-[suite.timing]
-warmup_ms = 0
-min_samples = 3
-max_samples = 10
-min_time_s = 0.0
-max_time_s = 0.05
-cold_l2 = false
-hot = false
-[defaults]
-vocab_size = 4096
-dim = 160
-dtype = "fp8"
-num_heads = 4
-hidden = 256
-[[group]]
-name = "pair"
-kind = "step"
-impl = "pinned_uva"
-kernel = "triton_reference"
-prefetch = "on"
-num_tokens = 8
-compute_us = 20
-repeat = { processes = 2, rounds = 2 }
-""")
+    suite.write_text(PAIR_SUITE.format(repeat="processes = 2, rounds = 2"))
     env = {"PLE_BENCH_FORCE_CPU": "1"}
     import os
     out = subprocess.run([sys.executable, "-m", "ple_bench", "run", "--suite", str(suite), "--results-dir",
@@ -218,33 +221,7 @@ def test_a_gpu_mode_run_keeps_its_components_and_the_next_run_chooses_its_proces
     from ple_bench.spec.suite import load_suite
 
     suite_file = tmp_path / "rep.toml"
-    suite_file.write_text("""
-[suite]
-description = "a repeated pair"
-[suite.timing]
-warmup_ms = 0
-min_samples = 3
-max_samples = 10
-min_time_s = 0.0
-max_time_s = 0.05
-cold_l2 = false
-hot = false
-[defaults]
-vocab_size = 4096
-dim = 160
-dtype = "fp8"
-num_heads = 4
-hidden = 256
-[[group]]
-name = "pair"
-kind = "step"
-impl = "pinned_uva"
-kernel = "triton_reference"
-prefetch = "on"
-num_tokens = 8
-compute_us = 20
-repeat = { processes = 2, rounds = 2, target_pct = 0.1, most = 3 }
-""")
+    suite_file.write_text(PAIR_SUITE.format(repeat="processes = 2, rounds = 2, target_pct = 0.1, most = 3"))
     monkeypatch.setenv("PLE_BENCH_FORCE_CPU", "1")
     monkeypatch.setenv(mp.PROFILE_DIR_ENV, str(tmp_path / "profile"))
     key = {"gpu": "test GPU", "driver": "1", "torch": "t", "cuda": "c"}
