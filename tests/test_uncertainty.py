@@ -156,3 +156,19 @@ def test_advise_prints_the_verdicts_interval_over_processes_and_an_undecided_cou
     assert (flag64.ci_low, flag64.ci_high) == (entries[64].ci_low, entries[64].ci_high)  # one interval everywhere
     assert t64.recommendation.startswith("undecided:") and "Undecided at 64 tokens" in a.verdict
     assert a.verdict.startswith("Keep the table in pinned host memory") and "256" in a.verdict
+
+
+def test_a_stored_repeated_run_gives_its_verdicts_over_processes_with_the_primary_path():
+    from ple_bench.results import load_records
+    from tests._fixtures import fixture_run
+
+    recs = load_records(fixture_run("default-13a2"))
+    entries = {e.num_tokens: e for e in V.verdicts(recs)}
+    assert set(entries) == {64, 256, 512}
+    for e in entries.values():
+        assert e.primary and e.level == "processes" and e.processes == 4
+        assert e.ci_low <= e.ratio <= e.ci_high and e.pinned.processes == 4
+    # as stored: 64 tokens straddles the band (1.03, 0.98-1.09), 256 and 512 lie inside it
+    assert entries[64].verdict == V.UNDECIDED and entries[256].verdict == entries[512].verdict == V.AS_FAST
+    by_id = {r["case_id"]: r for r in recs}
+    assert len(V.ratio_rounds(entries[256], by_id)) == 8  # 4 processes x 2 rounds, paired
