@@ -199,19 +199,14 @@ class CaseExecutor:
         # filled table and resizes the buffers sized by it (one allocation per table per run;
         # suite_loop.order_cases puts the cases of one key next to each other)
         key = (case.table_key, topo)
+        if self.park_tables and key in self.parked and (self.table is None or self.table.key != key):
+            self._park_current()
+            self.table = self.parked.pop(key)  # a table this process built for an earlier round
         if self.table is not None and self.table.key == key:
             self.table.uses += 1
             backend = self.table.backend
             backend.set_max_tokens(case.num_tokens)
             # same table, another kernel: swap the kernel, keep the filled table
-            backend.set_kernel(backend.kernel_for(backend.device, case.kernel))
-            return backend
-        if self.park_tables and key in self.parked:
-            self._park_current()
-            self.table = self.parked.pop(key)
-            self.table.uses += 1
-            backend = self.table.backend
-            backend.set_max_tokens(case.num_tokens)
             backend.set_kernel(backend.kernel_for(backend.device, case.kernel))
             return backend
         try:
